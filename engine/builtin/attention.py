@@ -1,0 +1,87 @@
+"""Paged attention over a flat slot-indexed KV cache: the portable PyTorch path (CPU and fallback).
+
+The cache of one layer is [num_slots, kv_heads, head_dim] with slot = block * block_size + offset.
+New K/V are written in place first; decode rows then attend over their gathered slots in one
+batched SDPA, and prefill chunks attend per sequence with a causal mask offset by their context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class PrefillSpan:
+    q_start: int
+    q_len: int
+    ctx_len: int  # tokens of context after this step, this chunk included
+    ctx_slots: torch.Tensor | None = None  # [ctx_len] slots; None when the chunk is the whole context
+    mask: torch.Tensor | None = None  # [q_len, ctx_len] bool, True = attend
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] cache slot of every new token
+    num_decodes: int = 0  # the first num_decodes rows are single-token decodes
+    decode_slots: torch.Tensor | None = None  # [B, L] slots per decode row (padded)
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, L] bool, True = attend
+    decode_ctx_lens: torch.Tensor | None = None  # [B] int32 (kernels use it)
+    decode_block_tables: torch.Tensor | None = None  # [B, max_blocks] int32 (kernels use it)
+    prefills: list[PrefillSpan] = field(default_factory=list)
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+) -> None:
+    k_cache.index_copy_(0, slots, k)
+    v_cache.index_copy_(0, slots, v)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, Hq, D]; k, v: [T, Hk, D] for the new tokens. Returns [T, Hq, D]."""
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = torch.empty_like(q)
+    nd = meta.num_decodes
+    if nd:
+        assert meta.decode_slots is not None and meta.decode_mask is not None
+        kk = k_cache[meta.decode_slots].transpose(1, 2)  # [B, Hk, L, D]
+        vv = v_cache[meta.decode_slots].transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q[:nd].unsqueeze(2), kk, vv, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
+        )
+        out[:nd] = o.squeeze(2)
+    for span in meta.prefills:
+        rows = slice(span.q_start, span.q_start + span.q_len)
+        qq = q[rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        if span.ctx_slots is None:
+            kk, vv = k[rows], v[rows]
+        else:
+            kk, vv = k_cache[span.ctx_slots], v_cache[span.ctx_slots]
+        o = F.scaled_dot_product_attention(
+            qq,
+            kk.transpose(0, 1).unsqueeze(0),
+            vv.transpose(0, 1).unsqueeze(0),
+            attn_mask=span.mask,
+            is_causal=span.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[rows] = o.squeeze(0).transpose(0, 1)
+    return out
+
+
+def causal_offset_mask(q_len: int, ctx_len: int, device: torch.device) -> torch.Tensor:
+    """Row i (absolute position ctx_len - q_len + i) may attend to columns 0..that position."""
+    rows = torch.arange(q_len, device=device).unsqueeze(1) + (ctx_len - q_len)
+    return torch.arange(ctx_len, device=device).unsqueeze(0) <= rows

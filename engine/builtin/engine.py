@@ -1,0 +1,215 @@
+"""BuiltinEngine: the asyncio front of the PyTorch engine; the step loop runs in its own thread.
+
+Requests and aborts reach the thread through an inbox; token events come back to per-request
+asyncio.Queues, one call_soon_threadsafe per step for the whole batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from config.settings import Settings
+from engine.builtin.loader import LoadedModel, load
+from engine.builtin.sampler import Sampler
+from engine.builtin.scheduler import Scheduler
+from engine.builtin.sequence import Sequence
+from engine.builtin.stepper import Stepper
+from engine.model_source import model_display_name
+from engine.protocol import (
+    ContextTooLongError,
+    EngineDeadError,
+    EngineHealth,
+    EngineInfo,
+    EngineState,
+    GenerateRequest,
+    InvalidRequestError,
+    OverloadedError,
+    PrefillResult,
+    TokenEvent,
+)
+
+log = logging.getLogger(__name__)
+
+_Event = TokenEvent | BaseException
+
+
+class BuiltinEngine:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        name = settings.served_model_name or model_display_name(settings.model)
+        self.info = EngineInfo(model_id=name, max_model_len=0, vocab_size=0, eos_token_ids=())
+        self.tokenizer_dir: Any = None
+        self._state: EngineState = "loading"
+        self._detail = ""
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._queues: dict[str, asyncio.Queue[_Event]] = {}
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._rng = random.Random(settings.seed)
+        self._loaded: LoadedModel | None = None
+        self._stepper: Stepper | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            self._loaded = await asyncio.to_thread(load, self.settings)
+        except Exception as e:
+            self._state, self._detail = "dead", f"model failed to load: {e}"
+            raise
+        lm = self._loaded
+        self.tokenizer_dir = lm.model_dir
+        self.info = replace(
+            self.info,
+            max_model_len=lm.max_model_len,
+            vocab_size=lm.cfg.vocab_size,
+            eos_token_ids=lm.cfg.eos_token_ids,
+            mode=self.settings.mode,
+            kv_layout=lm.kv_layout,
+        )
+        sched = Scheduler(lm.blocks, self.settings.max_batch_size, self.settings.max_num_tokens)
+        self._stepper = Stepper(lm, sched, Sampler(lm.cfg.eos_token_ids), lm.max_model_len)
+        self._thread = threading.Thread(target=self._run, name="builtin-engine", daemon=True)
+        self._thread.start()
+        self._state = "ready"
+
+    async def stop(self) -> None:
+        if self._state != "dead":
+            self._state = "draining"
+        self._inbox.put(("stop", None))
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        self._state = "dead" if self._detail else "draining"
+
+    def health(self) -> EngineHealth:
+        st = self._stepper
+        if st is None:
+            return EngineHealth(state=self._state, detail=self._detail)
+        s = st.scheduler
+        return EngineHealth(
+            state=self._state,
+            running=len(s.running),
+            waiting=len(s.waiting),
+            kv_usage=s.blocks.usage,
+            preemptions=s.preemptions,
+            prefix_cache_queries=s.prefix_queries,
+            prefix_cache_hits=s.prefix_hits,
+            detail=self._detail,
+        )
+
+    # --- requests -------------------------------------------------------------------------
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        seq = self._admit(req)
+        q: asyncio.Queue[_Event] = asyncio.Queue()
+        self._queues[req.request_id] = q
+        self._submit("add", seq)
+        finished = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            self._queues.pop(req.request_id, None)
+            if not finished:
+                self.abort(req.request_id)
+
+    async def prefill(self, req: GenerateRequest) -> PrefillResult:
+        raise InvalidRequestError("this instance does not serve remote prefill (see --mode)")
+
+    def abort(self, request_id: str) -> None:
+        self._submit("abort", request_id)
+
+    # --- internals ------------------------------------------------------------------------
+    def _admit(self, req: GenerateRequest) -> Sequence:
+        if self._state == "loading":
+            raise OverloadedError("the model is still loading")
+        if self._state != "ready" or self._stepper is None:
+            raise EngineDeadError(self._detail or "the engine is not serving")
+        n, sp = len(req.prompt_token_ids), req.sampling
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty")
+        if req.request_id in self._queues:
+            raise InvalidRequestError(f"request id {req.request_id!r} is already in flight")
+        if req.images and not self.info.supports_images:
+            raise InvalidRequestError("model does not accept images")
+        if n + sp.max_tokens > self.info.max_model_len:
+            raise ContextTooLongError(n, sp.max_tokens, self.info.max_model_len)
+        if max(req.prompt_token_ids) >= self.info.vocab_size or min(req.prompt_token_ids) < 0:
+            raise InvalidRequestError(f"prompt token ids must be in [0, {self.info.vocab_size})")
+        blocks = self._stepper.scheduler.blocks
+        if blocks.blocks_needed(n + sp.max_tokens) > blocks.num_blocks:
+            raise InvalidRequestError(
+                f"prompt ({n}) plus max_tokens ({sp.max_tokens}) needs more KV cache than the "
+                f"engine has ({blocks.num_blocks * blocks.block_size} tokens)"
+            )
+        seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
+        gen = torch.Generator(device=self._stepper.device).manual_seed(seed)
+        return Sequence.from_request(req, gen)
+
+    def _submit(self, kind: str, payload: Any) -> None:
+        self._inbox.put((kind, payload))
+        self._wake.set()
+
+    def _dispatch(self, events: list[tuple[str, _Event]]) -> None:
+        for request_id, ev in events:
+            q = self._queues.get(request_id)
+            if q is not None:
+                q.put_nowait(ev)
+
+    def _emit(self, events: list[tuple[str, _Event]]) -> None:
+        if events and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._dispatch, events)
+
+    def _run(self) -> None:
+        st = self._stepper
+        assert st is not None
+        stopping = False
+        while True:
+            events: list[tuple[str, _Event]] = []
+            while True:
+                try:
+                    kind, payload = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "add":
+                    st.add(payload)
+                elif kind == "abort":
+                    events += st.abort(payload)
+                elif kind == "stop":
+                    stopping = True
+            if stopping:
+                self._emit(events + st.abort_all())
+                return
+            if not st.scheduler.has_work():
+                self._emit(events)
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                events += st.step()
+            except Exception as e:  # an engine bug: fail every request, mark dead
+                log.exception("engine step failed")
+                self._state, self._detail = "dead", f"engine step failed: {e}"
+                err = EngineDeadError(self._detail)
+                self._emit(events + [(rid, err) for rid in list(self._queues)])
+                return
+            self._emit(events)
+            time.sleep(0)  # let the event loop thread take the GIL between steps

@@ -1,0 +1,91 @@
+"""Load the built-in engine's pieces from Settings: model, KV cache, block manager, runner."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from config.settings import Settings
+from engine.builtin.block_manager import BlockManager
+from engine.builtin.model import LlamaModel
+from engine.builtin.model_config import ModelConfig
+from engine.builtin.runner import ModelRunner
+from engine.builtin.weights import build_model
+from engine.model_source import resolve_model
+
+log = logging.getLogger(__name__)
+
+CPU_KV_BUDGET_BYTES = 1 << 30  # --kv-cache-fraction applies to this on CPU
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    cfg: ModelConfig
+    model: LlamaModel
+    model_dir: Path | None
+    device: torch.device
+    dtype: torch.dtype
+    blocks: BlockManager
+    runner: ModelRunner
+    max_model_len: int
+    kv_layout: str
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load(settings: Settings) -> LoadedModel:
+    device = pick_device(settings.device)
+    dtype = pick_dtype(settings.dtype, device)
+    if settings.load_format == "dummy":
+        model_dir = None
+        cfg = ModelConfig.from_dict(json.loads(Path(settings.model).read_text()))
+        if settings.tokenizer:
+            model_dir = Path(settings.tokenizer)
+    else:
+        model_dir = resolve_model(settings.model, settings.cache_dir)
+        cfg = ModelConfig.from_file(model_dir / "config.json").with_generation_eos(model_dir)
+    max_len = min(settings.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    model = build_model(
+        cfg, model_dir, dtype, device, max_len, dummy=settings.load_format == "dummy", seed=settings.seed
+    )
+    num_blocks = _num_blocks(settings, cfg, dtype, device)
+    bs = settings.block_size
+    max_len = min(max_len, num_blocks * bs)
+    slots = num_blocks * bs
+    shape = (cfg.num_layers, 2, slots, cfg.num_kv_heads, cfg.head_dim)
+    kv = torch.zeros(shape, dtype=dtype, device=device)
+    kv_caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
+    log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs, kv.nbytes / 2**30)
+    blocks = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
+    runner = ModelRunner(model, kv_caches, bs, device)
+    layout = f"{cfg.model_type}:{cfg.num_layers}x{cfg.num_kv_heads}x{cfg.head_dim}:{dtype}:bs{bs}"
+    return LoadedModel(cfg, model, model_dir, device, dtype, blocks, runner, max_len, layout)
+
+
+def _num_blocks(
+    settings: Settings, cfg: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> int:
+    if settings.num_kv_blocks:
+        return settings.num_kv_blocks
+    block_bytes = cfg.kv_elems_per_token * settings.block_size * dtype.itemsize
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = int(free * settings.kv_cache_fraction)
+    else:
+        budget = int(CPU_KV_BUDGET_BYTES * settings.kv_cache_fraction)
+    return max(2, budget // block_bytes)

@@ -1,0 +1,105 @@
+"""ModelRunner: turns scheduled chunks into packed tensors, runs the model, returns logits rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.builtin.attention import AttentionMetadata, PrefillSpan, causal_offset_mask
+from engine.builtin.model import LlamaModel
+from engine.builtin.sampler import logprob_entry
+from engine.builtin.scheduler import ScheduledChunk
+
+
+@dataclass(slots=True)
+class StepOutput:
+    sample_chunks: list[ScheduledChunk]  # chunks that sample, in the row order of logits
+    logits: torch.Tensor  # [len(sample_chunks), vocab] float32
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+        self._offsets = torch.arange(block_size, device=device)
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        bt = torch.tensor(block_table, dtype=torch.long, device=self.device)
+        return (bt.unsqueeze(1) * self.block_size + self._offsets).flatten()[start:end]
+
+    @torch.inference_mode()
+    def run(self, chunks: list[ScheduledChunk]) -> StepOutput:
+        # Decodes (one new token) first so they batch into one attention call.
+        ordered = sorted(chunks, key=lambda c: c.length != 1)
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        new_slots: list[torch.Tensor] = []
+        decode_ctx: list[torch.Tensor] = []
+        meta = AttentionMetadata(slot_mapping=torch.empty(0))
+        for c in ordered:
+            seq, end = c.seq, c.start + c.length
+            ids += seq.token_ids[c.start : end]
+            positions.append(torch.arange(c.start, end, device=self.device))
+            ctx = self._slots(seq.block_table, 0, end)
+            new_slots.append(ctx[c.start :])
+            if c.length == 1:
+                decode_ctx.append(ctx)
+                meta.num_decodes += 1
+            else:
+                q_start = len(ids) - c.length
+                full = c.start == 0
+                meta.prefills.append(
+                    PrefillSpan(
+                        q_start=q_start,
+                        q_len=c.length,
+                        ctx_len=end,
+                        ctx_slots=None if full else ctx,
+                        mask=None if full else causal_offset_mask(c.length, end, self.device),
+                    )
+                )
+        meta.slot_mapping = torch.cat(new_slots)
+        if decode_ctx:
+            lens = torch.tensor([len(s) for s in decode_ctx], device=self.device)
+            padded = torch.nn.utils.rnn.pad_sequence(decode_ctx, batch_first=True)
+            meta.decode_slots = padded
+            mask = torch.arange(padded.shape[1], device=self.device) < lens.unsqueeze(1)
+            meta.decode_mask = mask[:, None, None, :]
+            meta.decode_ctx_lens = lens.to(torch.int32)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, torch.cat(positions), self.kv_caches, meta)
+
+        rows: list[int] = []
+        sample_chunks: list[ScheduledChunk] = []
+        offset = 0
+        for c in ordered:
+            if c.seq.sampling.prompt_logprobs is not None and not c.seq.prompt_logprobs_done:
+                self._prompt_logprobs(c, hidden[offset : offset + c.length])
+            if c.samples:
+                rows.append(offset + c.length - 1)
+                sample_chunks.append(c)
+            offset += c.length
+        logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_empty(0)
+        return StepOutput(sample_chunks, logits)
+
+    def _prompt_logprobs(self, c: ScheduledChunk, hidden: torch.Tensor) -> None:
+        """Logprob of each prompt token given the ones before it (row p predicts token p+1)."""
+        seq = c.seq
+        k = seq.sampling.prompt_logprobs or 0
+        last = min(c.start + c.length, seq.prompt_len - 1)  # exclusive bound on predicting rows
+        if last > c.start:
+            lp = self.model.compute_logits(hidden[: last - c.start]).log_softmax(-1)
+            for i in range(last - c.start):
+                target = seq.token_ids[c.start + i + 1]
+                seq.prompt_logprobs.append(logprob_entry(lp[i], target, k))
+        if c.start + c.length >= seq.prompt_len:
+            seq.prompt_logprobs_done = True
+

@@ -1,0 +1,115 @@
+"""Stepper: one engine step (schedule, forward, sample, stop checks) on the engine thread only."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from engine.builtin.sampler import Sampler
+from engine.builtin.scheduler import Scheduler
+from engine.builtin.sequence import Sequence
+from engine.protocol import FinishReason, Timings, TokenEvent, TokenLogprob, Usage
+
+if TYPE_CHECKING:
+    from engine.builtin.loader import LoadedModel
+
+Emitted = list[tuple[str, TokenEvent | BaseException]]
+
+
+class Stepper:
+    def __init__(
+        self, lm: LoadedModel, scheduler: Scheduler, sampler: Sampler, max_model_len: int
+    ) -> None:
+        self.runner = lm.runner
+        self.device = lm.device
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.max_model_len = max_model_len
+        self.seqs: dict[str, Sequence] = {}
+
+    def add(self, seq: Sequence) -> None:
+        self.seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> Emitted:
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return []
+        self.scheduler.finish(seq)
+        return [(request_id, self._final_event(seq, "abort", ()))]
+
+    def abort_all(self) -> Emitted:
+        out: Emitted = []
+        for request_id in list(self.seqs):
+            out += self.abort(request_id)
+        return out
+
+    def step(self) -> Emitted:
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return []
+        out = self.runner.run(chunks)
+        self.scheduler.commit(chunks)
+        seqs = [c.seq for c in out.sample_chunks]
+        results = self.sampler(out.logits, seqs) if seqs else []
+        now = time.perf_counter()
+        events: Emitted = []
+        for seq, r in zip(seqs, results, strict=True):
+            seq.token_ids.append(r.token_id)
+            if seq.first_token is None:
+                seq.first_token = now
+            reason = self._finish_reason(seq, r.token_id)
+            lps = (r.logprob,) if r.logprob is not None else None
+            if reason is not None:
+                self.seqs.pop(seq.request_id, None)
+                self.scheduler.finish(seq)
+                events.append((seq.request_id, self._final_event(seq, reason, (r.token_id,), lps)))
+                continue
+            events.append((seq.request_id, self._event(seq, (r.token_id,), lps)))
+        return events
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        sp = seq.sampling
+        if token in sp.stop_token_ids and seq.output_len >= sp.min_tokens:
+            seq.stop_token_id = token
+            return "stop"
+        if not sp.ignore_eos and token in self.sampler.eos and seq.output_len >= sp.min_tokens:
+            seq.stop_token_id = token
+            return "stop"
+        if seq.output_len >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _event(
+        self, seq: Sequence, tokens: tuple[int, ...], lps: tuple[TokenLogprob, ...] | None
+    ) -> TokenEvent:
+        prompt_lps = None
+        if not seq.first_event_sent:
+            seq.first_event_sent = True
+            if seq.sampling.prompt_logprobs is not None:
+                prompt_lps = tuple(seq.prompt_logprobs)
+        return TokenEvent(tokens, lps, prompt_logprobs=prompt_lps)
+
+    def _final_event(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        tokens: tuple[int, ...],
+        lps: tuple[TokenLogprob, ...] | None = None,
+    ) -> TokenEvent:
+        base = self._event(seq, tokens, lps)
+        now = time.perf_counter()
+        sched = seq.first_scheduled or now
+        first = seq.first_token or now
+        timings = Timings(queue_s=sched - seq.arrival, prefill_s=first - sched, decode_s=now - first)
+        usage = Usage(seq.prompt_len, seq.output_len, seq.num_cached)
+        return TokenEvent(
+            base.token_ids,
+            base.logprobs,
+            finish_reason=reason,
+            stop_token_id=seq.stop_token_id,
+            usage=usage,
+            timings=timings,
+            prompt_logprobs=base.prompt_logprobs,
+        )
+

@@ -1,0 +1,206 @@
+"""The one engine boundary: the Engine protocol, its frozen request/event dataclasses and errors.
+
+Routers import only this module and engine.tokenizer. Nothing here knows HTTP, pydantic or tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+EngineState = Literal["loading", "ready", "draining", "dead"]
+Mode = Literal["aggregated", "prefill", "decode", "encode"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model_id: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    supports_images: bool = False
+    mode: Mode = "aggregated"
+    engine: str = "builtin"
+    # Layout fingerprint a disaggregation sibling must match (model, dtype, block size, ...).
+    kv_layout: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # None = off; k = chosen token plus k alternatives
+    prompt_logprobs: int | None = None  # None = off; k alternatives per prompt position
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image, opaque to routers: its BLAKE3 hash and decoded pixels (engine-specific payload)."""
+
+    hash: str
+    payload: object = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggParams:
+    """Result of a sibling's context phase carried into a decode-side generate.
+
+    request_type is "generation_only" on the decode side. opaque_state is engine-specific bytes
+    (TensorRT-LLM's opaque state, or the built-in engine's serialized KV blocks).
+    """
+
+    request_type: Literal["context_only", "generation_only"]
+    first_token_ids: tuple[int, ...] = ()
+    first_logprobs: tuple[TokenLogprob, ...] | None = None
+    ctx_request_id: str | None = None
+    opaque_state: bytes | None = None
+    kv_payload: object = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    images: tuple[ImageInput, ...] = ()
+    disagg: DisaggParams | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), best first
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Per-request engine timings in seconds, sent with the final event."""
+
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """New tokens since the previous event; the last event has finish_reason and usage set."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    # Only on the first event when prompt_logprobs was asked: one entry per prompt token after
+    # the first (the first prompt token has no logprob).
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """What a context-only phase hands back to the decode side."""
+
+    request_id: str
+    first_token_ids: tuple[int, ...]
+    first_logprobs: tuple[TokenLogprob, ...] | None
+    prompt_tokens: int
+    cached_tokens: int
+    opaque_state: bytes  # engine-specific; base64 on the wire when JSON-carried
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHealth:
+    state: EngineState
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # fraction of KV blocks in use, 0..1
+    # Cumulative counters, read by the metrics collector.
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    detail: str = ""
+
+
+class EngineError(Exception):
+    """Base of every error an engine raises; app/errors.py maps them to HTTP."""
+
+
+class InvalidRequestError(EngineError):
+    """The request can never be served as asked (bad params, does not fit)."""
+
+
+class ContextTooLongError(InvalidRequestError):
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+            f"{max_tokens} for the completion). Please reduce the prompt or max_tokens."
+        )
+
+
+class OverloadedError(EngineError):
+    """Temporarily cannot take the request (queue full, draining)."""
+
+
+class EngineDeadError(EngineError):
+    """The engine failed and serves nothing more; health is dead."""
+
+
+class RemotePrefillFailedError(EngineError):
+    """A sibling prefill failed and local fallback was not allowed."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every engine implements. Only the lifespan calls start/stop."""
+
+    info: EngineInfo
+
+    async def start(self) -> None:
+        """Load weights and begin serving; health() is "loading" until this returns."""
+
+    async def stop(self) -> None:
+        """Abort everything in flight, join worker threads, release device memory."""
+
+    def health(self) -> EngineHealth:
+        """Cheap, non-blocking snapshot for /health and the metrics gauges."""
+        ...
+
+    def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Stream token events for one request.
+
+        The caller must close the iterator (aclosing); closing or cancelling it before the final
+        event aborts the request and frees its KV blocks within one engine step. Raises
+        EngineError subclasses, before the first event where it can.
+        """
+        ...
+
+    async def prefill(self, req: GenerateRequest) -> PrefillResult:
+        """Run the context phase only and keep its KV state for a decode sibling to take."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Idempotent; unknown ids are ignored."""

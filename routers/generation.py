@@ -1,0 +1,197 @@
+"""The one generation path chat and completions share: checks, sampling params, fan-out over n,
+per-choice render, merge by index, the first-event peek and the SSE frame loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncGenerator, Callable, Iterable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import cast
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from app.deps import Serving
+from app.errors import BadRequestError, ModelNotFoundError, error_payload
+from app.metrics import RequestRecorder, instrument
+from app.sse import DONE, error_frame, frame
+from engine.protocol import ContextTooLongError, Engine, GenerateRequest, SamplingParams, TokenEvent
+from routers.render import ChoiceDelta, ChoiceRenderer
+from routers.schemas import SamplingFields
+
+logger = logging.getLogger(__name__)
+
+MAX_LOGPROBS = 20
+Item = tuple[int, ChoiceDelta]
+
+
+def new_request_id(request: Request, prefix: str) -> str:
+    """X-Request-Id when the client sent one (vLLM does the same), else a fresh id."""
+    header = request.headers.get("x-request-id", "").strip()
+    return header[:128] if header else f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_common(body: SamplingFields, serving: Serving) -> None:
+    """Checks shared by chat and completions that need no tokenizer."""
+    if body.model is not None and body.model != serving.model_name:
+        raise ModelNotFoundError(f"The model `{body.model}` does not exist.", param="model")
+    if body.best_of is not None and body.best_of > 1:
+        raise BadRequestError("best_of > 1 is not supported.", param="best_of")
+    if body.logit_bias:
+        raise BadRequestError("logit_bias is not supported.", param="logit_bias")
+    if body.model_extra:
+        logger.debug("ignoring unknown request fields: %s", sorted(body.model_extra))
+
+
+def check_logprobs(k: int | None, param: str) -> None:
+    if k is not None and k > MAX_LOGPROBS:
+        raise BadRequestError(f"{param} must be at most {MAX_LOGPROBS}.", param=param)
+
+
+def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int) -> int:
+    """The request's max_tokens, or whatever context remains; too long is a 400 with both numbers."""
+    if prompt_tokens == 0:
+        raise BadRequestError("The prompt is empty.", param="prompt")
+    if prompt_tokens + max(requested or 0, 1) > max_model_len:
+        raise ContextTooLongError(prompt_tokens, requested or 0, max_model_len)
+    return requested if requested is not None else max_model_len - prompt_tokens
+
+
+def sampling_params(
+    body: SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    seed_offset: int = 0,
+) -> SamplingParams:
+    top_k = body.top_k or 0
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=0 if top_k < 0 else top_k,
+        min_p=body.min_p or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        seed=None if body.seed is None else body.seed + seed_offset,
+        min_tokens=min(body.min_tokens, max_tokens),
+        ignore_eos=body.ignore_eos,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    index: int
+    request: GenerateRequest
+    renderer: ChoiceRenderer
+
+
+async def choice_stream(
+    engine: Engine, choice: Choice, recorder: RequestRecorder
+) -> AsyncGenerator[ChoiceDelta, None]:
+    """One engine request rendered; stops iterating (closing, so aborting, the engine request)
+    as soon as the renderer finishes, e.g. on a stop string."""
+    renderer = choice.renderer
+    events = cast(AsyncGenerator[TokenEvent, None], engine.generate(choice.request))
+    try:
+        async with aclosing(instrument(events, recorder)) as instrumented:
+            async for event in instrumented:
+                yield renderer.feed(event)
+                if renderer.finished:
+                    break
+    finally:
+        recorder.finish(renderer.finish_reason)
+
+
+async def merge(streams: list[AsyncGenerator[ChoiceDelta, None]]) -> AsyncGenerator[Item, None]:
+    """Interleave the choices' deltas as they come, tagged with the choice index."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for delta in only:
+                yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, ChoiceDelta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncGenerator[ChoiceDelta, None]) -> None:
+        try:
+            async with aclosing(stream) as deltas:
+                async for delta in deltas:
+                    queue.put_nowait((index, delta))
+            queue.put_nowait((index, None))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def start(serving: Serving, choices: list[Choice], arrival: float) -> AsyncGenerator[Item, None]:
+    streams = [
+        choice_stream(serving.engine, c, serving.metrics.recorder(arrival)) for c in choices
+    ]
+    return merge(streams)
+
+
+async def peek(items: AsyncGenerator[Item, None]) -> Item | None:
+    """The first item, so that errors before the first token become real HTTP statuses."""
+    try:
+        return await anext(items)
+    except StopAsyncIteration:
+        return None
+
+
+async def collect(first: Item | None, items: AsyncGenerator[Item, None]) -> list[Item]:
+    out = [] if first is None else [first]
+    async with aclosing(items) as rest:
+        out.extend([item async for item in rest])
+    return out
+
+
+async def stream_frames(
+    request_id: str,
+    first: Item | None,
+    items: AsyncGenerator[Item, None],
+    prelude: Iterable[BaseModel],
+    render: Callable[[int, ChoiceDelta], Iterable[BaseModel]],
+    epilogue: Callable[[], Iterable[BaseModel]],
+) -> AsyncGenerator[bytes, None]:
+    """SSE frames: prelude, rendered items, epilogue, [DONE]; a failure after the first byte is
+    one error frame, then [DONE]."""
+    async with aclosing(items) as rest:
+        for chunk in prelude:
+            yield frame(chunk)
+        try:
+            item = first
+            while item is not None:
+                for chunk in render(*item):
+                    yield frame(chunk)
+                item = await anext(rest, None)
+        except Exception as exc:
+            logger.warning("request %s failed mid-stream: %r", request_id, exc)
+            yield error_frame(error_payload(exc)["error"])
+            yield DONE
+            return
+        for chunk in epilogue():
+            yield frame(chunk)
+        yield DONE

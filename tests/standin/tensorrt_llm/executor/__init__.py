@@ -1,0 +1,6 @@
+"""Stand-in `tensorrt_llm.executor`."""
+
+from tensorrt_llm.executor.result import CompletionOutput, Logprob
+from tensorrt_llm.executor.utils import RequestError
+
+__all__ = ["CompletionOutput", "Logprob", "RequestError"]

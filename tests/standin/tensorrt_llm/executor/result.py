@@ -1,0 +1,280 @@
+"""Stand-in `tensorrt_llm.executor.result`: the in-place mutating streaming result (§2.3, §2.4)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tensorrt_llm import _scripted
+from tensorrt_llm.disaggregated_params import DisaggregatedParams
+from tensorrt_llm.executor.utils import RequestError
+from tensorrt_llm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tensorrt_llm.llmapi.llm import LLM
+
+FLAT_LOGPROBS = False
+"""Set True to get the legacy flat `list[float]` logprobs form instead of dicts."""
+
+_NO_LOOP = (
+    "The asyncio event loop was not present during initialization, so async operations "
+    "are not available."
+)
+
+
+@dataclass(slots=True)
+class Logprob:
+    logprob: float
+    rank: int | None = None
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[Any] = field(default_factory=list)
+    prompt_logprobs: list[Any] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    generation_logits: Any = None
+    disaggregated_params: DisaggregatedParams | None = None
+    request_perf_metrics: Any = None
+    _last_token_ids_len: int = 0
+    _last_logprobs_len: int = 0
+    _last_text_len: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def text_diff(self) -> str:
+        return self.text[self._last_text_len :]
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._last_token_ids_len :]
+
+    @property
+    def logprobs_diff(self) -> list[Any]:
+        return self.logprobs[self._last_logprobs_len :]
+
+
+class RequestOutput:
+    """One request's result; every streamed step returns this same object, mutated."""
+
+    def __init__(
+        self,
+        llm: LLM,
+        request_id: int,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        streaming: bool,
+        disaggregated_params: DisaggregatedParams | None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt: str | None = None
+        self.prompt_token_ids = prompt_token_ids
+        self.outputs = [CompletionOutput(index=0)]
+        self.finished = False
+        self.cached_tokens = 0
+        self.context_logits = None
+        self.mm_embedding_handle: dict[str, Any] | None = None
+        self.metrics_dict: dict[Any, Any] = {}
+        self.decoding_iter = 0
+        self.disaggregated_params = disaggregated_params
+        self._llm = llm
+        self._sp = sampling_params
+        self._streaming = streaming
+        self._aborted = False
+        self._reported_final = False
+        self._position = 0
+        self._has_loop = _has_event_loop()
+        self._delay = float(os.environ.get("TRTLLM_STANDIN_STEP_DELAY_S", "0") or 0)
+        dp = disaggregated_params
+        self._context_only = dp is not None and dp.request_type == "context_only"
+        self._generation_only = dp is not None and dp.request_type == "generation_only"
+        if self._generation_only and dp is not None:
+            # The KV cache arrives from the context worker, with its first token.
+            self.outputs[0].token_ids = list(dp.first_gen_tokens or [])
+            self._position = len(self.outputs[0].token_ids)
+
+    # -- public API -----------------------------------------------------------------------
+    def abort(self) -> None:
+        self._aborted = True
+
+    def aborted(self) -> bool:
+        return self._aborted
+
+    def __aiter__(self) -> RequestOutput:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        assert self._has_loop, _NO_LOOP
+        if self._reported_final:
+            raise StopAsyncIteration
+        if self._delay:
+            await asyncio.sleep(self._delay)
+        else:
+            await asyncio.sleep(0)
+        self._step()
+        self._reported_final = self.finished
+        return self
+
+    async def aresult(self) -> RequestOutput:
+        assert self._has_loop, _NO_LOOP
+        while not self.finished:
+            await asyncio.sleep(self._delay)
+            self._step()
+        self._reported_final = True
+        return self
+
+    def __await__(self) -> Generator[Any, None, RequestOutput]:
+        return self.aresult().__await__()
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        while not self.finished:
+            self._step()
+        return self
+
+    # -- the scripted engine step ----------------------------------------------------------
+    def _step(self) -> None:
+        out = self.outputs[0]
+        out._last_token_ids_len = len(out.token_ids)
+        out._last_logprobs_len = len(out.logprobs)
+        out._last_text_len = len(out.text)
+        if self.decoding_iter == 0 and self._generation_only:
+            out._last_token_ids_len = 0  # the first diff carries first_gen_tokens
+        if self.finished:
+            return
+        if self.decoding_iter == 0:
+            self._first_step()
+        self.decoding_iter += 1
+        if self._aborted:
+            self._finish("cancelled", None)
+            return
+        sp = self._sp
+        generated = self._position  # counts first_gen_tokens on the generation-only side
+        self._position += 1
+        token = _scripted.token_at(self.prompt_token_ids, generated, self._llm._vocab_size)
+        past_min = generated >= (sp.min_tokens or 0)
+        if (
+            not sp.ignore_eos
+            and past_min
+            and generated == _scripted.natural_length(self.prompt_token_ids)
+        ):
+            self._finish("stop", sp.end_id)
+            return
+        if past_min and token in (sp.stop_token_ids or ()):
+            if sp.include_stop_str_in_output:
+                self._append(token, generated)
+            self._finish("stop", token)
+            return
+        self._append(token, generated)
+        if self._context_only:
+            self._finish_context(token)
+        elif len(out.token_ids) >= sp.max_tokens:
+            self._finish("length", None)
+        self._llm._on_step(self)
+
+    def _first_step(self) -> None:
+        vocab = self._llm._vocab_size
+        if any(not 0 <= t < vocab for t in self.prompt_token_ids):
+            self.finished = True
+            self._llm._on_finish(self)
+            raise RequestError(f"prompt token id out of range [0, {vocab})")
+        if self._generation_only:
+            dp = self.disaggregated_params
+            assert dp is not None
+            expected = _scripted.opaque_state(self.prompt_token_ids, dp.ctx_request_id or -1)
+            if dp.opaque_state != expected:
+                self.finished = True
+                self._llm._on_finish(self)
+                raise RequestError("KV cache transfer failed: context state does not match")
+        else:
+            self.cached_tokens = self._llm._reuse_prefix(self.prompt_token_ids)
+        if self._sp.prompt_logprobs is not None:
+            k = self._sp.prompt_logprobs
+            self.outputs[0].prompt_logprobs = [
+                self._logprob_entry(t, i, k) for i, t in enumerate(self.prompt_token_ids[1:])
+            ]
+
+    def _append(self, token: int, position: int) -> None:
+        out = self.outputs[0]
+        out.token_ids.append(token)
+        if self._sp.logprobs is not None:
+            entry = self._logprob_entry(token, position, self._sp.logprobs)
+            out.logprobs.append(entry)
+            chosen = entry if isinstance(entry, float) else entry[token].logprob
+            out.cumulative_logprob = (out.cumulative_logprob or 0.0) + chosen
+
+    def _logprob_entry(self, token: int, position: int, k: int) -> Any:
+        if FLAT_LOGPROBS:
+            return _scripted.logprob_at(token, position, 1)
+        entry = {token: Logprob(_scripted.logprob_at(token, position, 1), rank=1)}
+        for rank in range(2, k + 1):
+            alt = (token + rank - 1) % self._llm._vocab_size
+            entry.setdefault(alt, Logprob(_scripted.logprob_at(token, position, rank), rank))
+        return entry
+
+    def _finish_context(self, token: int) -> None:
+        out = self.outputs[0]
+        out.disaggregated_params = DisaggregatedParams(
+            request_type="context_only",
+            first_gen_tokens=[token],
+            ctx_request_id=self.request_id,
+            opaque_state=_scripted.opaque_state(self.prompt_token_ids, self.request_id),
+            draft_tokens=None,
+        )
+        self._finish("not_finished", None)
+
+    def _finish(self, reason: str, stop_reason: int | str | None) -> None:
+        out = self.outputs[0]
+        out.finish_reason = reason
+        out.stop_reason = stop_reason
+        self.finished = True
+        self._llm._on_finish(self)
+
+
+class IterationResult:
+    """Shared stats / KV-event iterator: ends after `timeout` without data; re-armed per request."""
+
+    def __init__(self) -> None:
+        self._queue: deque[dict[str, Any]] = deque(maxlen=1000)
+        self._done = False
+        self.timeout = 2.0
+
+    def put(self, item: dict[str, Any]) -> None:
+        self._queue.append(item)
+
+    def mark_undone(self) -> None:
+        self._done = False
+
+    def __aiter__(self) -> IterationResult:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._done:
+            raise StopAsyncIteration
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while not self._queue:
+            if loop.time() >= deadline:
+                self._done = True
+                raise StopAsyncIteration
+            await asyncio.sleep(0.01)
+        return self._queue.popleft()
+
+
+def _has_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,271 @@
+"""Stand-in `tensorrt_llm.llmapi.llm.LLM` (PyTorch backend surface, §1.2, §2.1, §6)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from tensorrt_llm.disaggregated_params import DisaggregatedParams
+from tensorrt_llm.executor.result import IterationResult, RequestOutput
+from tensorrt_llm.llmapi.llm_args import NESTED_MODELS, TORCH_LLM_ARGS, KvCacheConfig
+from tensorrt_llm.sampling_params import SamplingParams
+
+logger = logging.getLogger("tensorrt_llm")
+
+_DEFAULTS: dict[str, Any] = {
+    "max_batch_size": 2048,
+    "max_num_tokens": 8192,
+    "max_seq_len": None,
+    "max_beam_width": 1,
+    "enable_chunked_prefill": False,
+    "enable_iter_perf_stats": False,
+    "cache_transceiver_config": None,
+    "max_stats_len": 1000,
+}
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | Path,
+        tokenizer: Any = None,
+        tokenizer_mode: str = "auto",
+        skip_tokenizer_init: bool = False,
+        trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        revision: str | None = None,
+        tokenizer_revision: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.pop("backend", None)
+        kwargs.pop("_mpi_session", None)
+        invalid = sorted(k for k in kwargs if k not in TORCH_LLM_ARGS)
+        if invalid:
+            raise ValueError(f"LLM got invalid argument: {', '.join(invalid)}")
+        args = {**_DEFAULTS, **kwargs}
+        for name, model_cls in NESTED_MODELS.items():
+            value = args.get(name)
+            if isinstance(value, dict):
+                args[name] = model_cls.model_validate(value)
+        if args.get("kv_cache_config") is None:
+            args["kv_cache_config"] = KvCacheConfig()
+        self.args = SimpleNamespace(
+            model=str(model),
+            tokenizer=tokenizer,
+            trust_remote_code=trust_remote_code,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            **args,
+        )
+        self.tokenizer = None  # the stand-in never loads one; callers pass token ids
+        self.llm_id = f"standin-{os.getpid()}"
+        config = _read_config(Path(model))
+        self._vocab_size = int(config.get("vocab_size") or 32000)
+        eos = config.get("eos_token_id")
+        self._eos = eos[0] if isinstance(eos, list) else eos
+        self._next_request_id = 1
+        self._active: dict[int, RequestOutput] = {}
+        self._seen_blocks: set[tuple[int, ...]] = set()
+        self._any_request = False
+        self._shutdown = False
+        self._iteration = 0
+        self._stats = IterationResult()
+        self._kv_events = IterationResult()
+        self._event_id = 0
+        self.recorded_requests: list[dict[str, Any]] = []  # stand-in only: what was submitted
+        logger.info("stand-in LLM ready: %s", model)
+
+    # -- requests ---------------------------------------------------------------------------
+    def generate_async(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | None = None,
+        lora_request: Any = None,
+        prompt_adapter_request: Any = None,
+        streaming: bool = False,
+        kv_cache_retention_config: Any = None,
+        disaggregated_params: DisaggregatedParams | None = None,
+        trace_headers: Any = None,
+        _postproc_params: Any = None,
+        scheduling_params: Any = None,
+        cache_salt: str | None = None,
+    ) -> RequestOutput:
+        if self._shutdown:
+            raise RuntimeError("LLM is shutting down")
+        prompt_token_ids = _prompt_token_ids(inputs)
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        if sp.end_id is None:
+            if self._eos is None:
+                raise ValueError("end_id is None and there is no tokenizer to take it from")
+            sp.end_id = self._eos
+        request_type = disaggregated_params.request_type if disaggregated_params else None
+        if request_type in ("context_only", "generation_only") and (
+            self.args.cache_transceiver_config is None
+        ):
+            raise ValueError("disaggregated requests need cache_transceiver_config")
+        if request_type == "context_only":
+            sp.max_tokens = 1  # mutates the caller's object, as TensorRT-LLM does
+        if (
+            not self.args.enable_chunked_prefill
+            and request_type != "generation_only"
+            and len(prompt_token_ids) > self.args.max_num_tokens
+        ):
+            raise ValueError(
+                f"prompt length {len(prompt_token_ids)} exceeds max_num_tokens "
+                f"{self.args.max_num_tokens} and chunked prefill is off"
+            )
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        self.recorded_requests.append(
+            {
+                "request_id": request_id,
+                "prompt_token_ids": list(prompt_token_ids),
+                "sampling_params": sp,
+                "streaming": streaming,
+                "disaggregated_params": disaggregated_params,
+                "inputs": inputs,
+            }
+        )
+        res = RequestOutput(self, request_id, prompt_token_ids, sp, streaming, disaggregated_params)
+        self._active[request_id] = res
+        self._any_request = True
+        self._stats.mark_undone()
+        self._kv_events.mark_undone()
+        return res
+
+    def shutdown(self) -> None:
+        self._shutdown = True
+        for res in list(self._active.values()):
+            res.abort()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- stats and KV events ------------------------------------------------------------------
+    def get_stats_async(self, timeout: float = 2) -> Any:
+        if not self._any_request:
+            logger.warning("get_stats_async: no request has been sent yet")
+            return []
+        self._stats.timeout = timeout
+        return self._stats
+
+    def get_kv_cache_events_async(self, timeout: float = 2) -> IterationResult:
+        assert self._any_request, "KV cache events are only available after the first request"
+        self._kv_events.timeout = timeout
+        return self._kv_events
+
+    # -- called by RequestOutput ----------------------------------------------------------
+    def _reuse_prefix(self, prompt_token_ids: list[int]) -> int:
+        kv = self.args.kv_cache_config
+        size = kv.tokens_per_block
+        blocks = [
+            tuple(prompt_token_ids[: i + size]) for i in range(0, len(prompt_token_ids) - size + 1, size)
+        ]
+        if not kv.enable_block_reuse:
+            return 0
+        reused = 0
+        for block in blocks:
+            if block not in self._seen_blocks:
+                break
+            reused += 1
+        new = [b for b in blocks[reused:] if b not in self._seen_blocks]
+        self._seen_blocks.update(new)
+        if new and kv.event_buffer_max_size > 0:
+            self._event_id += 1
+            self._kv_events.put(
+                {
+                    "event_id": self._event_id,
+                    "window_size": size * 1024,
+                    "data": {
+                        "type": "stored",
+                        "parent_hash": None,
+                        "blocks": [
+                            {
+                                "type": "stored_block",
+                                "block_hash": hash(b) & 0xFFFFFFFFFFFFFFFF,
+                                "tokens": [
+                                    {"type": "unique_token", "token_id": t, "token_extra_id": 0}
+                                    for t in b[-size:]
+                                ],
+                                "cache_level": 0,
+                                "priority": 35,
+                            }
+                            for b in new
+                        ],
+                    },
+                }
+            )
+        return reused * size
+
+    def _on_step(self, res: RequestOutput) -> None:
+        self._iteration += 1
+        if not self.args.enable_iter_perf_stats:
+            return
+        kv = self.args.kv_cache_config
+        used = sum(
+            (len(r.prompt_token_ids) + len(r.outputs[0].token_ids)) // kv.tokens_per_block + 1
+            for r in self._active.values()
+        )
+        max_blocks = 4096
+        self._stats.put(
+            {
+                "iter": self._iteration,
+                "iterLatencyMS": 1.0,
+                "numActiveRequests": len(self._active),
+                "numQueuedRequests": 0,
+                "numCompletedRequests": 0,
+                "maxNumActiveRequests": self.args.max_batch_size,
+                "kvCacheStats": {
+                    "maxNumBlocks": max_blocks,
+                    "freeNumBlocks": max_blocks - used,
+                    "usedNumBlocks": used,
+                    "tokensPerBlock": kv.tokens_per_block,
+                    "allocTotalBlocks": used,
+                    "allocNewBlocks": 0,
+                    "reusedBlocks": 0,
+                    "missedBlocks": 0,
+                    "cacheHitRate": 0.0,
+                },
+                "inflightBatchingStats": {
+                    "numScheduledRequests": len(self._active),
+                    "numContextRequests": 0,
+                    "numGenRequests": len(self._active),
+                    "numPausedRequests": 0,
+                    "numCtxTokens": 0,
+                    "microBatchId": 0,
+                    "avgNumDecodedTokensPerIter": 1.0,
+                },
+            }
+        )
+
+    def _on_finish(self, res: RequestOutput) -> None:
+        self._active.pop(res.request_id, None)
+
+
+def _prompt_token_ids(inputs: Any) -> list[int]:
+    if isinstance(inputs, str):
+        raise ValueError("the stand-in has no tokenizer: pass prompt_token_ids")
+    if isinstance(inputs, list):
+        return [int(t) for t in inputs]
+    if isinstance(inputs, dict) and "prompt_token_ids" in inputs:
+        return [int(t) for t in inputs["prompt_token_ids"]]
+    raise TypeError(f"unsupported prompt inputs: {type(inputs).__name__}")
+
+
+def _read_config(model: Path) -> dict[str, Any]:
+    path = model / "config.json"
+    if not path.is_file():
+        return {}
+    config: dict[str, Any] = json.loads(path.read_text())
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        config = {**text, **{k: v for k, v in config.items() if k != "text_config"}}
+    return config
