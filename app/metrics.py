@@ -7,7 +7,7 @@ from engine.health() at scrape time; histograms and counters are fed by RequestR
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -146,10 +146,10 @@ class RequestRecorder:
 
 
 async def instrument(
-    events: AsyncIterator[TokenEvent], recorder: RequestRecorder
-) -> AsyncIterator[TokenEvent]:
+    events: AsyncGenerator[TokenEvent, None], recorder: RequestRecorder
+) -> AsyncGenerator[TokenEvent, None]:
     """Pass events through, recording TTFT, inter-token latency and token counts."""
-    async with aclosing(events) as inner:  # type: ignore[type-var]
+    async with aclosing(events) as inner:
         async for event in inner:
             recorder.on_event(event)
             yield event

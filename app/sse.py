@@ -1,4 +1,4 @@
-"""Server-sent event framing (`data: {json}\n\n`, `[DONE]`, error frames) and the streaming response."""
+"""SSE framing (`data: {json}\n\n`, `[DONE]`, error frames) and the event-stream response."""
 
 from __future__ import annotations
 
@@ -57,9 +57,7 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def stream() -> None:
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-            )
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in frames:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})

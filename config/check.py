@@ -30,34 +30,34 @@ CHECK_USAGE = "usage: trtllm-gateway config check FILE.yaml [FILE.yaml ...]"
 def main_check(argv: list[str]) -> int:
     """Validate each file; print `OK FILE` and its merged args, or `FILE: key: reason`."""
     if not argv or any(a in ("-h", "--help") for a in argv):
-        print(CHECK_USAGE, file=sys.stderr)
+        _err(CHECK_USAGE)
         return 0 if argv else 2
     failed = 0
     for name in argv:
         try:
             merged = check_file(Path(name))
         except EngineArgsError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            _err(f"error: {exc}")
             failed += 1
             continue
-        print(f"# OK {name}")
-        print(dump_args(merged), end="")
+        _out(f"# OK {name}\n")
+        _out(dump_args(merged))
     return 1 if failed else 0
 
 
 def main_show(argv: list[str]) -> int:
     """Print the final LLM args `serve --engine trtllm <argv>` would build, as YAML."""
     try:
-        settings = Settings(_cli_parse_args=argv, _cli_exit_on_error=False)  # type: ignore[call-arg]
+        settings = Settings(_cli_parse_args=argv, _cli_exit_on_error=False)
     except (ValidationError, SystemExit, ValueError) as exc:
-        print(f"error: {_first_line(exc)}", file=sys.stderr)
+        _err(f"error: {_first_line(exc)}")
         return 2
     try:
         merged = resolve_trtllm_args(settings)
     except EngineArgsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _err(f"error: {exc}")
         return 1
-    print(dump_args(merged), end="")
+    _out(dump_args(merged))
     return 0
 
 
@@ -69,6 +69,14 @@ def check_file(path: Path) -> dict[str, Any]:
 
 def dump_args(args: dict[str, Any]) -> str:
     return yaml.safe_dump(args, sort_keys=True, default_flow_style=False)
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text)
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
 
 
 def _first_line(exc: BaseException) -> str:

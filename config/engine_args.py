@@ -72,7 +72,9 @@ def parse_override(text: str) -> dict[str, Any]:
             f"{OVERRIDE_SOURCE}: invalid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
         ) from None
     if not isinstance(data, dict):
-        raise EngineArgsError(f"{OVERRIDE_SOURCE}: expected a JSON object, got {type(data).__name__}")
+        raise EngineArgsError(
+            f"{OVERRIDE_SOURCE}: expected a JSON object, got {type(data).__name__}"
+        )
     return data
 
 

@@ -113,3 +113,9 @@ class Settings(BaseSettings):
     media_cache_bytes: int = Field(
         512 * 1024 * 1024, ge=0, description="Decoded-image LRU cache size in bytes (0: off)."
     )
+
+    # --- gateway ------------------------------------------------------------------------------
+    shutdown_timeout: float = Field(
+        30.0, ge=0.0, description="Seconds in-flight requests get to finish on SIGTERM."
+    )
+    max_logprobs: int = Field(20, ge=0, le=20, description="Most top_logprobs a request may ask.")

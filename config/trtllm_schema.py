@@ -60,9 +60,9 @@ class DynamicBatchConfig(StrictModel):
 
 
 class SchedulerConfig(StrictModel):
-    capacity_scheduler_policy: Literal[
-        "MAX_UTILIZATION", "GUARANTEED_NO_EVICT", "STATIC_BATCH"
-    ] = "GUARANTEED_NO_EVICT"
+    capacity_scheduler_policy: Literal["MAX_UTILIZATION", "GUARANTEED_NO_EVICT", "STATIC_BATCH"] = (
+        "GUARANTEED_NO_EVICT"
+    )
     context_chunking_policy: Literal["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"] | None = None
     dynamic_batch_config: DynamicBatchConfig | None = None
 
@@ -74,7 +74,11 @@ class CudaGraphConfig(StrictModel):
 
     @model_validator(mode="after")
     def _max_matches_sizes(self) -> CudaGraphConfig:
-        if self.batch_sizes and self.max_batch_size and self.max_batch_size != max(self.batch_sizes):
+        if (
+            self.batch_sizes
+            and self.max_batch_size
+            and self.max_batch_size != max(self.batch_sizes)
+        ):
             raise ValueError("max_batch_size must equal max(batch_sizes) when both are given")
         return self
 
@@ -123,7 +127,7 @@ class EagleDecodingConfig(_DecodingBase):
     greedy_sampling: bool | None = True
     posterior_threshold: float | None = None
     use_dynamic_tree: bool | None = False
-    dynamic_tree_max_topK: int | None = None  # noqa: N815 - TensorRT-LLM's own spelling
+    dynamic_tree_max_topK: int | None = None
     num_eagle_layers: int | None = None
     max_non_leaves_per_layer: int | None = None
     eagle3_one_model: bool | None = True

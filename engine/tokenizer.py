@@ -54,6 +54,12 @@ class Tokenizer:
         return cls(hf)
 
     @property
+    def eos_token_id(self) -> int | None:
+        """The tokenizer's own EOS; engines report the authoritative list in EngineInfo."""
+        eos = getattr(self._hf, "eos_token_id", None)
+        return None if eos is None else int(eos)
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self._hf, "chat_template", None))
 
@@ -133,7 +139,7 @@ class IncrementalDetokenizer:
         return self._advance(final=False)
 
     def flush(self) -> str:
-        """Text still held back at the end of the stream (an incomplete character shows as U+FFFD)."""
+        """Text held back at the end of the stream (an incomplete character shows as U+FFFD)."""
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> str:

@@ -23,8 +23,6 @@ from multimodal.ssrf import EgressPolicy, IPAddress, pinned_request
 _REQUEST_HEADERS = {
     "Accept": "image/*",
     "Accept-Encoding": "identity",
-    # Our connections are pinned to an IP literal; never leave them pooled for reuse.
-    "Connection": "close",
 }
 _TRANSIENT_4XX = frozenset({408, 429})
 _CHUNK = 64 * 1024
@@ -116,7 +114,8 @@ def _check_response(response: httpx.Response, max_bytes: int) -> None:
     mime = content_type.partition(";")[0].strip().lower()
     if not (mime.startswith("image/") or mime in ("application/octet-stream", "")):
         raise MediaRejectedError(
-            f"image URL returned content type {mime[:64]!r}, not an image", code="invalid_image_format"
+            f"image URL returned content type {mime[:64]!r}, not an image",
+            code="invalid_image_format",
         )
     length = response.headers.get("content-length")
     if length is not None and length.strip().isdigit() and int(length) > max_bytes:

@@ -15,7 +15,7 @@ from PIL import Image
 
 from multimodal.errors import MediaRejectedError
 
-ALLOWED_FORMATS: Final = ("PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP")
+ALLOWED_FORMATS: Final = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # JPEG covers MPO
 _WHITE = (255, 255, 255)
 
 
@@ -37,7 +37,7 @@ def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
     more than max_pixels pixels (checked from the header, before decoding).
     """
     try:
-        with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:
+        with Image.open(io.BytesIO(data), formats=_available_formats()) as image:
             width, height = image.size
             if width <= 0 or height <= 0:
                 raise _not_an_image()
@@ -50,12 +50,19 @@ def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
             return _to_rgb(image)
     except MediaRejectedError:
         raise
-    except Image.DecompressionBombError:
+    # Pillow's process-wide guard (MAX_IMAGE_PIXELS) can fire before our per-call check; its
+    # warning is an exception where warnings are errors. Either way: too many pixels.
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise MediaRejectedError(
             "image has more pixels than allowed", code="image_too_large"
         ) from None
     except Exception:  # Pillow raises many types for corrupt input; all mean "not an image"
         raise _not_an_image() from None
+
+
+def _available_formats() -> list[str]:
+    Image.init()  # registers every plugin once; later calls return at once
+    return [fmt for fmt in ALLOWED_FORMATS if fmt in Image.OPEN]
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

@@ -50,7 +50,10 @@ class ImageRef:
 def iter_image_refs(messages: Sequence[Mapping[str, Any]]) -> Iterator[ImageRef]:
     """image_url parts in request order; accepts {"url": ...} objects and the bare-string form."""
     for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(message, Mapping):
+            # A programming error (e.g. pydantic models passed un-dumped), not a client one.
+            raise TypeError(f"messages[{i}] must be a mapping, got {type(message).__name__}")
+        content = message.get("content")
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):

@@ -54,17 +54,30 @@ def read_local_file(path: Path, root: Path, *, max_bytes: int) -> bytes:
         raise _refused("local image file not found") from None
     except OSError:
         raise _refused("local image file cannot be opened") from None
-    with os.fdopen(fd, "rb") as file:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise _refused("local image path is not a regular file")
         _check_still_inside(fd, root)
         if info.st_size > max_bytes:
             raise _too_big(max_bytes)
-        data = file.read(max_bytes + 1)
+        data = _read_at_most(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:
         raise _too_big(max_bytes)
     return data
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    while limit > 0:
+        chunk = os.read(fd, min(limit, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        limit -= len(chunk)
+    return b"".join(chunks)
 
 
 def _check_still_inside(fd: int, root: Path) -> None:

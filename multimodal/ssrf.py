@@ -183,7 +183,8 @@ def pinned_request(
     """A request for url that connects to address: IP literal host, original Host header and SNI.
 
     Built directly (not client.build_request) so the shared client's default headers, cookies
-    and base_url never reach an arbitrary image host.
+    and base_url never reach an arbitrary image host. httpcore pools by (scheme, IP, port): a
+    TLS connection opened for one name may serve another name on the same checked address.
     """
     host_header = url.netloc.decode("ascii")
     pinned = url.copy_with(host=str(address))

@@ -47,13 +47,13 @@ def check_common(body: SamplingFields, serving: Serving) -> None:
         logger.debug("ignoring unknown request fields: %s", sorted(body.model_extra))
 
 
-def check_logprobs(k: int | None, param: str) -> None:
-    if k is not None and k > MAX_LOGPROBS:
-        raise BadRequestError(f"{param} must be at most {MAX_LOGPROBS}.", param=param)
+def check_logprobs(k: int | None, param: str, limit: int = MAX_LOGPROBS) -> None:
+    if k is not None and k > limit:
+        raise BadRequestError(f"{param} must be at most {limit}.", param=param)
 
 
 def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int) -> int:
-    """The request's max_tokens, or whatever context remains; too long is a 400 with both numbers."""
+    """The request's max_tokens, or the context that remains; too long is a 400 with both counts."""
     if prompt_tokens == 0:
         raise BadRequestError("The prompt is empty.", param="prompt")
     if prompt_tokens + max(requested or 0, 1) > max_model_len:
@@ -105,8 +105,8 @@ async def choice_stream(
         async with aclosing(instrument(events, recorder)) as instrumented:
             async for event in instrumented:
                 yield renderer.feed(event)
-                if renderer.finished:
-                    break
+                if renderer.finished and event.finish_reason is None:
+                    break  # a stop string: closing the engine generator aborts the request
     finally:
         recorder.finish(renderer.finish_reason)
 
@@ -147,9 +147,7 @@ async def merge(streams: list[AsyncGenerator[ChoiceDelta, None]]) -> AsyncGenera
 
 
 def start(serving: Serving, choices: list[Choice], arrival: float) -> AsyncGenerator[Item, None]:
-    streams = [
-        choice_stream(serving.engine, c, serving.metrics.recorder(arrival)) for c in choices
-    ]
+    streams = [choice_stream(serving.engine, c, serving.metrics.recorder(arrival)) for c in choices]
     return merge(streams)
 
 

@@ -54,7 +54,9 @@ def _load_config(model: str, trust_remote_code: bool) -> Any:
             model, local_files_only=True, trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError) as exc:
-        logger.warning("no local config for %s (%s); using defaults until tokenizer loads", model, exc)
+        logger.warning(
+            "no local config for %s (%s); using defaults until tokenizer loads", model, exc
+        )
         return object()
 
 

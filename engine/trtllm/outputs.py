@@ -77,7 +77,11 @@ def _floor(value: float) -> float:
 
 
 def step_event(
-    result: Any, *, prompt_tokens: int, logprobs_k: int | None, prompt_logprobs_k: int | None,
+    result: Any,
+    *,
+    prompt_tokens: int,
+    logprobs_k: int | None,
+    prompt_logprobs_k: int | None,
     first: bool,
 ) -> TokenEvent | None:
     """The event for one streamed step, or None when the step carries nothing new.

@@ -1,8 +1,11 @@
-"""A real loopback HTTP server (http.server in a thread, port 0) and image helpers for media tests."""
+"""A real loopback HTTP server (http.server in a thread, port 0) and image helpers for tests."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import socketserver
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +22,15 @@ def png_bytes(width: int = 4, height: int = 3, mode: str = "RGB", color: object 
     return buf.getvalue()
 
 
+class _QuickHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind does a reverse DNS lookup (getfqdn): slow with no network.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "127.0.0.1", int(self.server_address[1])
+
+
 @dataclass
 class Route:
     status: int = 200
@@ -27,6 +39,7 @@ class Route:
     headers: dict[str, str] = field(default_factory=dict)
     chunked: bool = False
     chunk_count: int = 1  # chunked: the body is sent this many times
+    chunk_delay: float = 0.0  # chunked: pause before each chunk
     delay: float = 0.0
 
 
@@ -39,13 +52,17 @@ class Seen:
 class ImageServer:
     """Serves Routes on 127.0.0.1:<free port> and records every request it receives."""
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self.routes: dict[str, Route] = {}
         self.requests: list[Seen] = []
+        self.got_request = threading.Event()
         self._stop = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._httpd = _QuickHTTPServer(("127.0.0.1", 0), self._handler_class())
+        if ssl_context is not None:
+            self._httpd.socket = ssl_context.wrap_socket(self._httpd.socket, server_side=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     @property
     def port(self) -> int:
@@ -71,12 +88,13 @@ class ImageServer:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
-                server.requests.append(Seen(self.path, {k.lower(): v for k, v in self.headers.items()}))
+                server.requests.append(
+                    Seen(self.path, {k.lower(): v for k, v in self.headers.items()})
+                )
+                server.got_request.set()
                 route = server.routes.get(self.path, Route(status=404, content_type="text/plain"))
-                try:
+                with contextlib.suppress(OSError):  # the client gave up (size cap, timeout)
                     self._serve(route)
-                except (ConnectionError, OSError):
-                    pass  # the client gave up (size cap, timeout): expected
 
             def _serve(self, route: Route) -> None:
                 if route.delay and server._stop.wait(route.delay):
@@ -90,6 +108,9 @@ class ImageServer:
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
                     for _ in range(route.chunk_count):
+                        if route.chunk_delay and server._stop.wait(route.chunk_delay):
+                            return
+                        self.wfile.flush()
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(route.body), route.body))
                     self.wfile.write(b"0\r\n\r\n")
                     return

@@ -167,7 +167,8 @@ class LLM:
         kv = self.args.kv_cache_config
         size = kv.tokens_per_block
         blocks = [
-            tuple(prompt_token_ids[: i + size]) for i in range(0, len(prompt_token_ids) - size + 1, size)
+            tuple(prompt_token_ids[: i + size])
+            for i in range(0, len(prompt_token_ids) - size + 1, size)
         ]
         if not kv.enable_block_reuse:
             return 0

@@ -71,25 +71,82 @@ class CacheTransceiverConfig(StrictBaseModel):
 
 
 TORCH_LLM_ARGS = frozenset(
-    """
-    model tokenizer tokenizer_mode skip_tokenizer_init trust_remote_code dtype revision
-    tokenizer_revision tensor_parallel_size pipeline_parallel_size context_parallel_size
-    gpus_per_node moe_cluster_parallel_size moe_tensor_parallel_size moe_expert_parallel_size
-    enable_attention_dp enable_lm_head_tp_in_adp pp_partition cp_config load_format enable_lora
-    lora_config peft_cache_config kv_cache_config enable_chunked_prefill guided_decoding_backend
-    batched_logits_processor iter_stats_max_iterations request_stats_max_iterations
-    scheduler_config cache_transceiver_config sparse_attention_config speculative_config
-    max_batch_size max_input_len max_seq_len max_beam_width max_num_tokens
-    gather_generation_logits num_postprocess_workers postprocess_tokenizer_dir reasoning_parser
-    otlp_traces_endpoint return_perf_metrics perf_metrics_max_requests orchestrator_type
-    cuda_graph_config disable_overlap_scheduler attention_dp_config moe_config attn_backend
-    sampler_type enable_iter_perf_stats enable_iter_req_stats print_iter_log
-    batch_wait_timeout_ms batch_wait_timeout_iters batch_wait_max_tokens_ratio
-    torch_compile_config enable_autotuner enable_layerwise_nvtx_marker enable_min_latency
-    garbage_collection_gen0_threshold stream_interval force_dynamic_quantization
-    allreduce_strategy checkpoint_loader checkpoint_format kv_connector_config mm_encoder_only
-    ray_worker_extension_cls enable_sleep max_stats_len fail_fast_on_attention_window_too_large
-    """.split()
+    [
+        "model",
+        "tokenizer",
+        "tokenizer_mode",
+        "skip_tokenizer_init",
+        "trust_remote_code",
+        "dtype",
+        "revision",
+        "tokenizer_revision",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "context_parallel_size",
+        "gpus_per_node",
+        "moe_cluster_parallel_size",
+        "moe_tensor_parallel_size",
+        "moe_expert_parallel_size",
+        "enable_attention_dp",
+        "enable_lm_head_tp_in_adp",
+        "pp_partition",
+        "cp_config",
+        "load_format",
+        "enable_lora",
+        "lora_config",
+        "peft_cache_config",
+        "kv_cache_config",
+        "enable_chunked_prefill",
+        "guided_decoding_backend",
+        "batched_logits_processor",
+        "iter_stats_max_iterations",
+        "request_stats_max_iterations",
+        "scheduler_config",
+        "cache_transceiver_config",
+        "sparse_attention_config",
+        "speculative_config",
+        "max_batch_size",
+        "max_input_len",
+        "max_seq_len",
+        "max_beam_width",
+        "max_num_tokens",
+        "gather_generation_logits",
+        "num_postprocess_workers",
+        "postprocess_tokenizer_dir",
+        "reasoning_parser",
+        "otlp_traces_endpoint",
+        "return_perf_metrics",
+        "perf_metrics_max_requests",
+        "orchestrator_type",
+        "cuda_graph_config",
+        "disable_overlap_scheduler",
+        "attention_dp_config",
+        "moe_config",
+        "attn_backend",
+        "sampler_type",
+        "enable_iter_perf_stats",
+        "enable_iter_req_stats",
+        "print_iter_log",
+        "batch_wait_timeout_ms",
+        "batch_wait_timeout_iters",
+        "batch_wait_max_tokens_ratio",
+        "torch_compile_config",
+        "enable_autotuner",
+        "enable_layerwise_nvtx_marker",
+        "enable_min_latency",
+        "garbage_collection_gen0_threshold",
+        "stream_interval",
+        "force_dynamic_quantization",
+        "allreduce_strategy",
+        "checkpoint_loader",
+        "checkpoint_format",
+        "kv_connector_config",
+        "mm_encoder_only",
+        "ray_worker_extension_cls",
+        "enable_sleep",
+        "max_stats_len",
+        "fail_fast_on_attention_window_too_large",
+    ]
 )
 """`TorchLlmArgs` field names: every `LLM(**kwargs)` key must be one of these (§1.2, §1.3)."""
 

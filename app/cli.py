@@ -1,0 +1,76 @@
+"""The trtllm-gateway command: serve, config check FILE, config show, version."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+USAGE = """usage: trtllm-gateway COMMAND [ARGS]
+
+commands:
+  serve [flags]        run the OpenAI-compatible server (serve --help lists the flags)
+  config check FILE    validate an engine-args YAML file
+  config show [flags]  print the effective configuration
+  version              print the version
+"""
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def serve(argv: list[str]) -> int:
+    import uvicorn
+
+    from app.main import create_app
+    from config.settings import Settings
+
+    settings = Settings(_cli_parse_args=argv)
+    _configure_logging(settings.log_level)
+    app = create_app(settings)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=round(settings.shutdown_timeout),
+    )
+    return 0
+
+
+def _config(argv: list[str]) -> int:
+    sub, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if sub == "check":
+        from config.check import main_check
+
+        return main_check(rest)
+    if sub == "show":
+        from config.check import main_show
+
+        return main_show(rest)
+    sys.stderr.write("usage: trtllm-gateway config {check FILE | show [flags]}\n")
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    # No command (the container's `python -m app`) means serve, configured from GATEWAY_* env.
+    command, rest = (args[0], args[1:]) if args else ("serve", [])
+    if command == "serve":
+        return serve(rest)
+    if command == "config":
+        return _config(rest)
+    if command == "version":
+        from app.version import VERSION
+
+        sys.stdout.write(f"trtllm-gateway {VERSION}\n")
+        return 0
+    if command in {"-h", "--help", "help"}:
+        sys.stdout.write(USAGE)
+        return 0
+    sys.stderr.write(USAGE)
+    return 2

@@ -1,0 +1,71 @@
+"""The lifespan: build the engine and the shared httpx client, load in the background, stop.
+
+The engine loads in a background task so uvicorn serves /health (503 "loading") at once; the
+tokenizer is loaded after the engine has resolved its model directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+
+from app.metrics import GatewayMetrics
+from app.state import State
+from config.settings import Settings
+from engine.factory import create_engine
+from engine.protocol import Engine
+from engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def tokenizer_dir(settings: Settings, engine: Engine) -> Path:
+    """--tokenizer, else the directory the engine resolved, else --model when it is a directory."""
+    if settings.tokenizer:
+        return Path(settings.tokenizer)
+    resolved = getattr(engine, "tokenizer_dir", None)
+    if resolved is not None:
+        return Path(resolved)
+    if Path(settings.model).is_dir():
+        return Path(settings.model)
+    raise RuntimeError(f"no tokenizer directory for model {settings.model!r}; pass --tokenizer")
+
+
+async def _load(state: State) -> None:
+    try:
+        await state.engine.start()
+        path = tokenizer_dir(state.settings, state.engine)
+        state.tokenizer = await asyncio.to_thread(Tokenizer.from_dir, path)
+        state.metrics.bind_engine(state.engine.health, state.model_name)
+        logger.info("ready: model %s (tokenizer from %s)", state.model_name, path)
+    except Exception as exc:
+        logger.exception("engine failed to start")
+        state.start_error = f"{type(exc).__name__}: {exc}"
+
+
+def create_lifespan(
+    settings: Settings, engine: Engine | None, metrics: GatewayMetrics
+) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, State]]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, State]]:
+        eng = engine if engine is not None else create_engine(settings)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
+            state = State(settings=settings, engine=eng, metrics=metrics, http=http)
+            loading = asyncio.create_task(_load(state), name="engine-load")
+            try:
+                yield {"gateway": state}
+            finally:
+                state.draining = True
+                loading.cancel()
+                await asyncio.gather(loading, return_exceptions=True)
+                await eng.stop()
+                logger.info("engine stopped")
+
+    return lifespan

@@ -1,0 +1,23 @@
+"""create_engine(settings): the engine --engine names; implementations are imported lazily."""
+
+from __future__ import annotations
+
+from config.settings import Settings
+from engine.protocol import Engine
+
+
+def create_engine(settings: Settings) -> Engine:
+    """Construct (not start) the engine; loading happens in Engine.start() under the lifespan."""
+    if settings.engine == "builtin":
+        from engine.builtin.engine import BuiltinEngine
+
+        return BuiltinEngine(settings)
+    if settings.engine == "trtllm":
+        from engine.trtllm.engine import TrtllmEngine
+
+        return TrtllmEngine(settings)
+    if settings.engine == "fake":
+        from engine.fake import FakeEngine
+
+        return FakeEngine.from_settings(settings)
+    raise ValueError(f"unknown engine {settings.engine!r}")

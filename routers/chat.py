@@ -1,0 +1,215 @@
+"""POST /v1/chat/completions: schema -> chat template -> GenerateRequest(s) -> engine -> render."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from app.cancel import cancel_on_disconnect
+from app.deps import Serving, ServingDep
+from app.errors import BadRequestError
+from app.sse import EventStreamResponse
+from engine.protocol import GenerateRequest
+from routers import generation as gen
+from routers.render import ChoiceDelta, ChoiceRenderer, chat_logprobs
+from routers.schemas import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprob,
+    ChatLogprobs,
+    ChatMessage,
+    ChatResponseMessage,
+    DeltaMessage,
+    PromptTokensDetails,
+    UsageInfo,
+)
+
+router = APIRouter(tags=["chat"])
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(
+    body: ChatCompletionRequest, request: Request, serving: ServingDep
+) -> Response:
+    arrival = time.monotonic()
+    request_id = gen.new_request_id(request, "chatcmpl")
+    return await cancel_on_disconnect(request.receive, _chat(body, serving, request_id, arrival))
+
+
+def _check(body: ChatCompletionRequest, serving: Serving) -> None:
+    gen.check_common(body, serving)
+    if not body.messages:
+        raise BadRequestError("messages must not be empty.", param="messages")
+    if body.top_logprobs and not body.logprobs:
+        raise BadRequestError("top_logprobs requires logprobs=true.", param="top_logprobs")
+    gen.check_logprobs(body.top_logprobs, "top_logprobs", serving.settings.max_logprobs)
+    if body.response_format and body.response_format.get("type", "text") != "text":
+        raise BadRequestError("response_format is not supported.", param="response_format")
+
+
+def _template_message(message: ChatMessage, index: int, supports_images: bool) -> dict[str, Any]:
+    """A message as chat templates expect it: text parts joined into one string."""
+    content = message.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.type == "image_url":
+                reason = "images are not wired in yet" if supports_images else "no image input"
+                raise BadRequestError(
+                    f"This model takes {reason}.", param=f"messages[{index}].content"
+                )
+            texts.append(part.text or "")
+        content = "\n".join(texts)
+    out: dict[str, Any] = {**(message.model_extra or {}), "role": message.role}
+    out["content"] = content or ""
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+class _ChatRun:
+    """Everything one request's chunks are built from."""
+
+    def __init__(self, body: ChatCompletionRequest, serving: Serving, request_id: str) -> None:
+        self.body = body
+        self.serving = serving
+        self.request_id = request_id
+        self.created = int(time.time())
+        self.top_n = body.top_logprobs or 0
+        self.renderers: list[ChoiceRenderer] = []
+        self.prompt_tokens = 0
+        opts = body.stream_options
+        self.include_usage = bool(opts and opts.include_usage)
+        self.continuous = bool(opts and opts.include_usage and opts.continuous_usage_stats)
+
+    def usage(self) -> UsageInfo:
+        completion = sum(r.completion_tokens for r in self.renderers)
+        cached = max((r.usage.cached_tokens for r in self.renderers if r.usage), default=0)
+        return UsageInfo(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=self.prompt_tokens + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )
+
+    def chunk(self, choices: list[ChatCompletionChunkChoice]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.request_id,
+            created=self.created,
+            model=self.serving.model_name,
+            choices=choices,
+            usage=self.usage() if self.continuous else None,
+        )
+
+    def logprobs(self, delta: ChoiceDelta) -> list[ChatLogprob] | None:
+        if not self.body.logprobs:
+            return None
+        return chat_logprobs(self.serving.tokenizer, delta.logprobs, self.top_n)
+
+    def prelude(self) -> list[ChatCompletionChunk]:
+        role = DeltaMessage(role="assistant", content="")
+        return [
+            self.chunk([ChatCompletionChunkChoice(index=i, delta=role)])
+            for i in range(len(self.renderers))
+        ]
+
+    def render(self, index: int, delta: ChoiceDelta) -> Iterable[ChatCompletionChunk]:
+        if delta.is_empty:
+            return ()
+        content = self.logprobs(delta)
+        choice = ChatCompletionChunkChoice(
+            index=index,
+            delta=DeltaMessage(content=delta.text),
+            logprobs=None if content is None else ChatLogprobs(content=content),
+            finish_reason=delta.finish_reason,
+            stop_reason=delta.stop_reason,
+        )
+        return (self.chunk([choice]),)
+
+    def epilogue(self) -> list[ChatCompletionChunk]:
+        if not self.include_usage:
+            return []
+        return [
+            ChatCompletionChunk(
+                id=self.request_id,
+                created=self.created,
+                model=self.serving.model_name,
+                choices=[],
+                usage=self.usage(),
+            )
+        ]
+
+    def response(self, items: list[gen.Item]) -> ChatCompletionResponse:
+        logprobs: list[list[ChatLogprob]] = [[] for _ in self.renderers]
+        for index, delta in items:
+            logprobs[index].extend(self.logprobs(delta) or ())
+        choices = [
+            ChatCompletionChoice(
+                index=i,
+                message=ChatResponseMessage(content=r.text),
+                logprobs=ChatLogprobs(content=logprobs[i]) if self.body.logprobs else None,
+                finish_reason=r.finish_reason,
+                stop_reason=r.stop_reason,
+            )
+            for i, r in enumerate(self.renderers)
+        ]
+        return ChatCompletionResponse(
+            id=self.request_id,
+            created=self.created,
+            model=self.serving.model_name,
+            choices=choices,
+            usage=self.usage(),
+        )
+
+
+async def _chat(
+    body: ChatCompletionRequest, serving: Serving, request_id: str, arrival: float
+) -> Response:
+    _check(body, serving)
+    supports_images = serving.info.supports_images
+    messages = [_template_message(m, i, supports_images) for i, m in enumerate(body.messages)]
+    prompt = await asyncio.to_thread(
+        serving.tokenizer.encode_chat,
+        messages,
+        add_generation_prompt=body.add_generation_prompt,
+        chat_template_kwargs=body.chat_template_kwargs,
+        tools=body.tools,
+    )
+    requested = body.max_completion_tokens or body.max_tokens
+    max_tokens = gen.resolve_max_tokens(requested, len(prompt), serving.info.max_model_len)
+    run = _ChatRun(body, serving, request_id)
+    run.prompt_tokens = len(prompt)
+    choices = []
+    for i in range(body.n):
+        sampling = gen.sampling_params(
+            body, max_tokens, logprobs=run.top_n if body.logprobs else None, seed_offset=i
+        )
+        renderer = ChoiceRenderer(
+            serving.tokenizer,
+            prompt,
+            stop=body.stop_strings,
+            include_stop_str_in_output=body.include_stop_str_in_output,
+            stop_token_ids=sampling.stop_token_ids,
+        )
+        run.renderers.append(renderer)
+        req = GenerateRequest(f"{request_id}-{i}", tuple(prompt), sampling)
+        choices.append(gen.Choice(i, req, renderer))
+    items = gen.start(serving, choices, arrival)
+    prelude = run.prelude()  # before the peek: role chunks report zero completion tokens
+    first = await gen.peek(items)
+    headers = {"X-Request-Id": request_id}
+    if body.stream:
+        frames = gen.stream_frames(request_id, first, items, prelude, run.render, run.epilogue)
+        return EventStreamResponse(
+            frames, headers=headers, on_disconnect=serving.metrics.client_disconnected
+        )
+    response = run.response(await gen.collect(first, items))
+    return JSONResponse(response.model_dump(mode="json"), headers=headers)

@@ -1,0 +1,1 @@
+"""Built-in engine tests on the real default model."""

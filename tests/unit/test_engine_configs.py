@@ -1,0 +1,82 @@
+"""Every shipped engine config passes `config check`, and each keeps its documented shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from config.check import check_file, main_check
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "engine_configs"
+CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+
+
+def _load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((CONFIG_DIR / name).read_text())
+    return data
+
+
+def test_the_documented_set_ships() -> None:
+    names = {p.name for p in CONFIGS}
+    assert {
+        "qwen3-agg.yaml",
+        "deepseek-r1-prefill.yaml",
+        "deepseek-r1-decode.yaml",
+        "gpt-oss-120b-prefill.yaml",
+        "gpt-oss-120b-decode.yaml",
+        "gemma3-vswa-agg.yaml",
+        "llava-v1.6-mistral-7b-agg.yaml",
+        "llama4-eagle-agg.yaml",
+    } <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_check_passes(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_check([str(path)]) == 0, capsys.readouterr().err
+    check_file(path)
+
+
+def test_qwen3_agg() -> None:
+    cfg = _load("qwen3-agg.yaml")
+    assert cfg["enable_chunked_prefill"] is True
+    assert cfg["cuda_graph_config"]["batch_sizes"]
+
+
+def test_deepseek_disagg_pair_matches() -> None:
+    prefill, decode = _load("deepseek-r1-prefill.yaml"), _load("deepseek-r1-decode.yaml")
+    assert prefill["kv_cache_config"]["dtype"] == decode["kv_cache_config"]["dtype"]
+    for cfg in (prefill, decode):
+        assert cfg["speculative_config"]["decoding_type"] == "MTP"
+        assert cfg["cache_transceiver_config"]["backend"]
+    assert decode["enable_attention_dp"] is True
+    spec = decode["speculative_config"]["num_nextn_predict_layers"]
+    assert decode["max_num_tokens"] >= max(decode["cuda_graph_config"]["batch_sizes"]) * (spec + 1)
+
+
+def test_gpt_oss_pair() -> None:
+    prefill, decode = _load("gpt-oss-120b-prefill.yaml"), _load("gpt-oss-120b-decode.yaml")
+    assert prefill["enable_attention_dp"] is False
+    assert prefill["enable_chunked_prefill"] is True
+    assert prefill["moe_config"]["backend"] == "CUTLASS"
+    assert prefill["cache_transceiver_config"]["backend"] == "UCX"
+    assert decode["enable_attention_dp"] is True
+    assert decode["disable_overlap_scheduler"] is False
+    assert (
+        decode["cuda_graph_config"]["max_batch_size"]
+        > prefill["cuda_graph_config"]["max_batch_size"]
+    )
+    assert prefill["kv_cache_config"]["dtype"] == decode["kv_cache_config"]["dtype"]
+
+
+def test_gemma3_variable_sliding_window() -> None:
+    window = _load("gemma3-vswa-agg.yaml")["kv_cache_config"]["max_attention_window"]
+    assert len(set(window)) > 1
+
+
+def test_llama4_eagle() -> None:
+    spec = _load("llama4-eagle-agg.yaml")["speculative_config"]
+    assert spec["decoding_type"] in ("Eagle", "Eagle3")
+    assert spec["speculative_model_dir"]

@@ -1,0 +1,49 @@
+"""config/settings.py from the gateway's side, and the CLI dispatch in app/cli.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from app import cli
+from config.settings import Settings
+
+
+def test_kebab_case_flags() -> None:
+    s = Settings(
+        _cli_parse_args=[
+            "--served-model-name", "m", "--max-model-len", "128", "--engine", "fake",
+            "--no-enable-prefix-caching", "--shutdown-timeout", "5",
+        ]
+    )  # fmt: skip
+    assert s.served_model_name == "m"
+    assert s.max_model_len == 128
+    assert s.engine == "fake"
+    assert s.enable_prefix_caching is False
+    assert s.shutdown_timeout == 5.0
+
+
+def test_env_and_flag_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_PORT", "9001")
+    monkeypatch.setenv("GATEWAY_MAX_LOGPROBS", "5")
+    assert Settings().port == 9001
+    assert Settings().max_logprobs == 5
+    assert Settings(_cli_parse_args=["--port", "9002"]).port == 9002
+
+
+def test_bad_flag_exits() -> None:
+    with pytest.raises(SystemExit):
+        Settings(_cli_parse_args=["--max-logprobs", "50"])
+
+
+def test_settings_are_frozen() -> None:
+    s = Settings()
+    with pytest.raises(ValueError, match="frozen"):
+        s.port = 1  # type: ignore[misc]
+
+
+def test_cli_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["version"]) == 0
+    assert "trtllm-gateway" in capsys.readouterr().out
+    assert cli.main(["--help"]) == 0
+    assert cli.main(["bogus"]) == 2
+    assert cli.main(["config"]) == 2
