@@ -25,11 +25,16 @@ def _configure_logging(level: str) -> None:
 
 def serve(argv: list[str]) -> int:
     import uvicorn
+    from pydantic import ValidationError
 
     from app.main import create_app
     from config.settings import Settings
 
-    settings = Settings(_cli_parse_args=argv)
+    try:
+        settings = Settings(_cli_parse_args=argv)
+    except ValidationError as exc:
+        sys.stderr.write(f"trtllm-gateway serve: invalid settings\n{exc}\n")
+        return 2
     _configure_logging(settings.log_level)
     app = create_app(settings)
     uvicorn.run(

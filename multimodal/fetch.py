@@ -23,6 +23,9 @@ from multimodal.ssrf import EgressPolicy, IPAddress, pinned_request
 _REQUEST_HEADERS = {
     "Accept": "image/*",
     "Accept-Encoding": "identity",
+    # httpcore pools by (scheme, IP, port): an idle TLS connection opened for one name must not
+    # serve another name on the same address, so pinned connections are never left idle.
+    "Connection": "close",
 }
 _TRANSIENT_4XX = frozenset({408, 429})
 _CHUNK = 64 * 1024
@@ -89,11 +92,26 @@ async def _send_pinned(
     for address in addresses:
         request = pinned_request(url, address, _REQUEST_HEADERS, client.timeout)
         try:
-            return await client.send(request, stream=True, follow_redirects=False, auth=None)
+            response = await client.send(request, stream=True, follow_redirects=False, auth=None)
         except httpx.ConnectError as exc:
             last = exc
+            continue
+        if not _tls_name_matches(response, request):
+            await response.aclose()
+            raise MediaUpstreamError("image host connection was not verified for its name")
+        return response
     assert last is not None  # checked_addresses never returns an empty list
     raise last
+
+
+def _tls_name_matches(response: httpx.Response, request: httpx.Request) -> bool:
+    """Fail closed if a pooled TLS connection opened for another name was reused (HTTP/2)."""
+    expected = request.extensions.get("sni_hostname")
+    stream = response.extensions.get("network_stream")
+    if expected is None or stream is None:
+        return True
+    ssl_object = stream.get_extra_info("ssl_object")
+    return ssl_object is None or ssl_object.server_hostname == expected
 
 
 def _redirect_target(current: httpx.URL, location: str) -> httpx.URL:

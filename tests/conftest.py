@@ -110,7 +110,7 @@ def app(settings: Settings, fake_engine: FakeEngine) -> FastAPI:
 
 async def wait_ready(client: httpx.AsyncClient, timeout_s: float = 10.0) -> None:
     async with asyncio.timeout(timeout_s):
-        while (await client.get("/health")).status_code != 200:
+        while (await client.get("/health")).status_code != 200:  # noqa: ASYNC110 - polls HTTP
             await asyncio.sleep(0.01)
 
 

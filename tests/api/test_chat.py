@@ -73,7 +73,9 @@ async def test_streaming_transcript(client: httpx.AsyncClient) -> None:
     ]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert chat_text(chunks) == REPLY
-    assert all("\ufffd" not in (c["delta"].get("content") or "") for e in chunks for c in e["choices"])
+    assert all(
+        "\ufffd" not in (c["delta"].get("content") or "") for e in chunks for c in e["choices"]
+    )
     finish = [c for e in chunks for c in e["choices"] if c["finish_reason"]]
     assert [c["finish_reason"] for c in finish] == ["stop"]
     usage_chunk = chunks[-1]
@@ -157,7 +159,8 @@ async def test_logprobs_streaming(client: httpx.AsyncClient) -> None:
     r = await client.post(URL, json=chat(logprobs=True, stream=True))
     chunks = parse_sse(r.text)[1:-1]
     entries = [lp for c in chunks for lp in c["choices"][0]["logprobs"]["content"]]
-    assert entries and all(e["top_logprobs"] == [] for e in entries)
+    assert entries
+    assert all(e["top_logprobs"] == [] for e in entries)
 
 
 @pytest.mark.parametrize(
@@ -202,7 +205,9 @@ async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
     assert r.json()["error"]["code"] == "model_not_found"
     sdk = openai.AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=client)
     with pytest.raises(openai.NotFoundError):
-        await sdk.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+        await sdk.chat.completions.create(
+            model="nope", messages=[{"role": "user", "content": "hi"}]
+        )
 
 
 async def test_context_too_long(client: httpx.AsyncClient) -> None:

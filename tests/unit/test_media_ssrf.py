@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import ssl
@@ -350,11 +351,12 @@ async def test_local_file_outside_allowed_path_refused(
 async def test_https_pinned_connection_verifies_the_name(tmp_path: Path) -> None:
     """Real TLS on loopback: connect to the checked IP, but SNI and cert check use the hostname."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=img.test",
-         "-addext", "subjectAltName=DNS:img.test", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    openssl = [
+        *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+        *("-subj", "/CN=img.test", "-addext", "subjectAltName=DNS:img.test"),
+        *("-keyout", str(key), "-out", str(cert)),
+    ]
+    await asyncio.to_thread(subprocess.run, openssl, check=True, capture_output=True)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
     sni_seen: list[str | None] = []
@@ -372,9 +374,13 @@ async def test_https_pinned_connection_verifies_the_name(tmp_path: Path) -> None
             assert len(images) == 1
             assert sni_seen == ["img.test"]
             # The certificate does not name other.test: the pinned connection must refuse it.
+            other = f"https://other.test:{server.port}/img.png"
             with pytest.raises(MediaError) as info:
                 await load_chat_images(
-                    chat(f"https://other.test:{server.port}/img.png"), client=client, settings=Settings(),
-                    cache=MediaCache(0), policy=policy,
-                )  # fmt: skip
+                    chat(other),
+                    client=client,
+                    settings=Settings(),
+                    cache=MediaCache(0),
+                    policy=policy,
+                )
             assert info.value.status_code == 502

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from app import cli
 from config.settings import Settings
@@ -30,9 +31,16 @@ def test_env_and_flag_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings(_cli_parse_args=["--port", "9002"]).port == 9002
 
 
-def test_bad_flag_exits() -> None:
+def test_bad_flags() -> None:
     with pytest.raises(SystemExit):
+        Settings(_cli_parse_args=["--no-such-flag", "1"])
+    with pytest.raises(ValidationError, match="max_logprobs"):
         Settings(_cli_parse_args=["--max-logprobs", "50"])
+
+
+def test_serve_reports_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["serve", "--port", "-5"]) == 2
+    assert "port" in capsys.readouterr().err
 
 
 def test_settings_are_frozen() -> None:

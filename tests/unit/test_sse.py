@@ -14,7 +14,8 @@ from routers.schemas import DeltaMessage, UsageInfo
 def test_frame_dict_and_model() -> None:
     assert frame({"a": "é"}) == 'data: {"a":"é"}\n\n'.encode()
     body = frame(UsageInfo(prompt_tokens=1, completion_tokens=2, total_tokens=3))
-    assert body.startswith(b"data: ") and body.endswith(b"\n\n")
+    assert body.startswith(b"data: ")
+    assert body.endswith(b"\n\n")
     assert json.loads(body[6:])["total_tokens"] == 3
 
 

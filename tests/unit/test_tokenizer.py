@@ -25,7 +25,9 @@ def test_encode_chat_uses_template(tokenizer: Tokenizer) -> None:
     assert len(no_prompt) < len(ids)
 
 
-def test_encode_chat_without_template(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_encode_chat_without_template(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(tokenizer._hf, "chat_template", None)
     with pytest.raises(InvalidRequestError):
         tokenizer.encode_chat([{"role": "user", "content": "hi"}])
