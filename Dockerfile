@@ -12,7 +12,7 @@ ARG TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:1.2.0
 # gateway's own pure-Python dependencies are added, never torch or tensorrt_llm.
 FROM ${TRTLLM_IMAGE} AS trtllm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
-    GATEWAY_HOST=0.0.0.0 GATEWAY_PORT=8000 GATEWAY_ENGINE=trtllm
+    PIP_BREAK_SYSTEM_PACKAGES=1 GATEWAY_HOST=0.0.0.0 GATEWAY_PORT=8000 GATEWAY_ENGINE=trtllm
 WORKDIR /opt/trtllm-gateway
 RUN python3 -m pip install \
         "fastapi>=0.115" "uvicorn>=0.30" "sse-starlette>=2.1" "prometheus-client>=0.20" \
@@ -29,8 +29,7 @@ EXPOSE 8000
 # Loading a large model takes minutes: /health is 503 until the engine is ready.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
     CMD python3 -c "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('GATEWAY_PORT','8000'), timeout=4)"
-ENTRYPOINT ["python3", "-m", "app"]
-CMD ["serve", "--engine", "trtllm", "--host", "0.0.0.0"]
+CMD ["python3", "-m", "app", "serve", "--engine", "trtllm", "--host", "0.0.0.0"]
 
 # ---------------------------------------------------------------------------------------------
 # builtin: the built-in PyTorch engine on a slim Python base (CPU torch unless the
@@ -53,5 +52,4 @@ USER gateway
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD python -c "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('GATEWAY_PORT','8000'), timeout=4)"
-ENTRYPOINT ["python", "-m", "app"]
-CMD ["serve", "--host", "0.0.0.0"]
+CMD ["python", "-m", "app", "serve", "--host", "0.0.0.0"]

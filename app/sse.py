@@ -52,6 +52,8 @@ class EventStreamResponse(Response):
         on_disconnect: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(content=None, headers={**SSE_HEADERS, **(headers or {})})
+        # Response would declare the empty body's content-length: 0; a stream has none.
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self._frames = frames
         self._on_disconnect = on_disconnect
 

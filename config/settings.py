@@ -119,3 +119,23 @@ class Settings(BaseSettings):
         30.0, ge=0.0, description="Seconds in-flight requests get to finish on SIGTERM."
     )
     max_logprobs: int = Field(20, ge=0, le=20, description="Most top_logprobs a request may ask.")
+
+    # --- disaggregation -----------------------------------------------------------------------
+    prefill_url: list[str] = Field(
+        default_factory=list, description="Sibling prefill instances (decode mode), comma list."
+    )
+    max_local_prefill_tokens: int = Field(
+        256, ge=0, description="Prefill locally when the uncached prompt is shorter than this."
+    )
+    require_remote_prefill: bool = Field(
+        False, description="Fail with 503 instead of prefilling locally when siblings fail."
+    )
+    remote_prefill_timeout: float = Field(
+        60.0, gt=0.0, description="Seconds for a sibling's context phase and KV pull."
+    )
+    sibling_backoff: float = Field(
+        5.0, gt=0.0, description="Seconds a failed sibling is skipped before a /health recheck."
+    )
+    kv_handoff_timeout: float = Field(
+        30.0, gt=0.0, description="Seconds a prefill instance keeps KV blocks nobody pulled."
+    )

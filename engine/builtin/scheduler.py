@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.builtin.block_manager import BlockManager, block_hash
@@ -30,9 +31,14 @@ class ScheduledChunk:
 
 class Scheduler:
     def __init__(
-        self, blocks: BlockManager, max_batch_size: int, max_num_tokens: int
+        self,
+        blocks: BlockManager,
+        max_batch_size: int,
+        max_num_tokens: int,
+        on_import: Callable[[Sequence], None] | None = None,
     ) -> None:
         self.blocks = blocks
+        self.on_import = on_import  # writes a decode-side sequence's imported prompt KV
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         self.waiting: deque[Sequence] = deque()
@@ -62,6 +68,12 @@ class Scheduler:
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
+            if seq.kv_import is not None:
+                if not self._admit_imported(seq):
+                    break
+                chunks.append(ScheduledChunk(seq, seq.num_computed, 1))
+                budget -= 1
+                continue
             if not seq.block_table:
                 self._match_prefix(seq)
             n = min(seq.num_tokens - seq.num_computed, budget)
@@ -77,6 +89,23 @@ class Scheduler:
             chunks.append(ScheduledChunk(seq, seq.num_computed, n))
             budget -= n
         return chunks
+
+    def _admit_imported(self, seq: Sequence) -> bool:
+        """Give a decode-side sequence blocks, write the sibling's KV, continue from its last token."""
+        need = self.blocks.blocks_needed(seq.num_tokens)
+        if not self.blocks.can_allocate(need):
+            return False
+        seq.block_table = self.blocks.allocate(need)
+        assert self.on_import is not None
+        self.on_import(seq)
+        seq.kv_import = None
+        seq.num_computed = seq.prompt_len
+        self.waiting.popleft()
+        seq.status = Status.RUNNING
+        seq.first_scheduled = seq.first_scheduled or time.perf_counter()
+        self.running.append(seq)
+        self._publish(seq, 0)
+        return True
 
     def _match_prefix(self, seq: Sequence) -> None:
         """Reuse cached full blocks of the prompt; always leave at least one token to compute."""
@@ -123,22 +152,29 @@ class Scheduler:
 
     def commit(self, chunks: list[ScheduledChunk]) -> None:
         """After the forward pass: advance progress and publish newly full blocks."""
-        bs = self.blocks.block_size
         for c in chunks:
-            seq = c.seq
-            seq.num_computed = c.start + c.length
-            if not self.blocks.caching:
-                continue
-            self._extend_hashes(seq, seq.num_computed)
-            for i in range(c.start // bs, seq.num_computed // bs):
-                self.blocks.register(seq.block_table[i], seq.block_hashes[i])
+            c.seq.num_computed = c.start + c.length
+            self._publish(c.seq, c.start)
 
-    def finish(self, seq: Sequence) -> None:
-        """Release a sequence's blocks; safe for waiting, running or already finished ones."""
+    def _publish(self, seq: Sequence, start: int) -> None:
+        """Register the blocks filled since token `start` in the prefix cache."""
+        if not self.blocks.caching:
+            return
+        bs = self.blocks.block_size
+        self._extend_hashes(seq, seq.num_computed)
+        for i in range(start // bs, seq.num_computed // bs):
+            self.blocks.register(seq.block_table[i], seq.block_hashes[i])
+
+    def finish(self, seq: Sequence, keep_blocks: bool = False) -> None:
+        """Take a sequence out of the queues and release its blocks unless asked to keep them."""
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+        if not keep_blocks:
+            self.release(seq)
+
+    def release(self, seq: Sequence) -> None:
         self.blocks.release(seq.block_table)
         seq.block_table = []
-        seq.status = Status.FINISHED

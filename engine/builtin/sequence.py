@@ -41,6 +41,10 @@ class Sequence:
     first_scheduled: float | None = None
     first_token: float | None = None
     preemptions: int = 0
+    # Disaggregation: a prefill-side sequence keeps its KV blocks for a sibling to pull; a
+    # decode-side sequence arrives with the sibling's prompt KV to write into its own blocks.
+    hold_kv: bool = False
+    kv_import: torch.Tensor | None = None
 
     @classmethod
     def from_request(cls, req: GenerateRequest, generator: torch.Generator) -> Sequence:

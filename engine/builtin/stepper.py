@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from engine.builtin.sampler import Sampler
 from engine.builtin.scheduler import Scheduler
-from engine.builtin.sequence import Sequence
+from engine.builtin.kv_transfer import export_kv, import_kv, slots_for
+from engine.builtin.sequence import Sequence, Status
 from engine.protocol import FinishReason, Timings, TokenEvent, TokenLogprob, Usage
 
 if TYPE_CHECKING:
@@ -25,21 +26,69 @@ class Stepper:
         self.scheduler = scheduler
         self.sampler = sampler
         self.max_model_len = max_model_len
+        self.handoff_timeout = 30.0
         self.seqs: dict[str, Sequence] = {}
+        # Prefill side: finished context phases whose KV blocks wait for a sibling to pull them.
+        self.handoffs: dict[str, tuple[Sequence, float]] = {}
+        self.kv_caches = lm.runner.kv_caches
+        self.block_size = lm.blocks.block_size
+        self.kv_layout = lm.kv_layout
+        scheduler.on_import = self._write_imported
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, first: TokenEvent | None = None) -> Emitted:
+        """Queue a sequence; a decode-side one arrives with its first token already sampled."""
+        if first is not None:
+            reason = self._finish_reason(seq, seq.token_ids[-1])
+            if reason is not None:
+                seq.status = Status.FINISHED
+                return [(seq.request_id, self._final_event(seq, reason, first.token_ids, first.logprobs))]
         self.seqs[seq.request_id] = seq
         self.scheduler.add(seq)
+        if first is None:
+            return []
+        seq.first_event_sent = True
+        return [(seq.request_id, first)]
 
     def abort(self, request_id: str) -> Emitted:
+        self.release_kv(request_id)
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return []
         self.scheduler.finish(seq)
         return [(request_id, self._final_event(seq, "abort", ()))]
 
+    # --- disaggregation ---------------------------------------------------------------------
+    def export_kv(self, request_id: str) -> bytes:
+        """Serialize a held context phase's prompt KV and free its blocks (one pull only)."""
+        entry = self.handoffs.pop(request_id, None)
+        if entry is None:
+            raise KeyError(request_id)
+        seq = entry[0]
+        try:
+            slots = slots_for(seq.block_table, seq.prompt_len, self.block_size, self.device)
+            return export_kv(self.kv_caches, slots, self.kv_layout, self.block_size)
+        finally:
+            self.scheduler.release(seq)
+
+    def release_kv(self, request_id: str) -> None:
+        entry = self.handoffs.pop(request_id, None)
+        if entry is not None:
+            self.scheduler.release(entry[0])
+
+    def expire_handoffs(self, now: float) -> None:
+        for request_id, (_, deadline) in list(self.handoffs.items()):
+            if deadline <= now:
+                self.release_kv(request_id)
+
+    def _write_imported(self, seq: Sequence) -> None:
+        assert seq.kv_import is not None
+        slots = slots_for(seq.block_table, seq.prompt_len, self.block_size, self.device)
+        import_kv(self.kv_caches, slots, seq.kv_import)
+
     def abort_all(self) -> Emitted:
         out: Emitted = []
+        for request_id in list(self.handoffs):
+            self.release_kv(request_id)
         for request_id in list(self.seqs):
             out += self.abort(request_id)
         return out
@@ -62,7 +111,9 @@ class Stepper:
             lps = (r.logprob,) if r.logprob is not None else None
             if reason is not None:
                 self.seqs.pop(seq.request_id, None)
-                self.scheduler.finish(seq)
+                self.scheduler.finish(seq, keep_blocks=seq.hold_kv)
+                if seq.hold_kv:
+                    self.handoffs[seq.request_id] = (seq, now + self.handoff_timeout)
                 events.append((seq.request_id, self._final_event(seq, reason, (r.token_id,), lps)))
                 continue
             events.append((seq.request_id, self._event(seq, (r.token_id,), lps)))

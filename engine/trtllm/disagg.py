@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine.protocol import DisaggParams, InvalidRequestError
+from engine.protocol import DisaggParams, GenerateRequest, InvalidRequestError, TokenEvent, Usage
+from engine.trtllm.outputs import map_finish_reason
 
 FORMAT = "trtllm-disagg/1"
 
@@ -90,6 +91,16 @@ def to_context_only(llmapi: Any, disagg: DisaggParams | None) -> Any:
         request_type="context_only",
         multimodal_embedding_handles=body.get("multimodal_embedding_handles"),
         multimodal_hashes=body.get("multimodal_hashes"),
+    )
+
+
+def finished_event(req: GenerateRequest, state: ContextState) -> TokenEvent:
+    """The whole answer when the context phase already finished the request (end id first)."""
+    tokens = state.first_gen_tokens
+    return TokenEvent(
+        token_ids=tokens,
+        finish_reason=map_finish_reason(state.finish_reason) or "stop",
+        usage=Usage(prompt_tokens=len(req.prompt_token_ids), completion_tokens=len(tokens)),
     )
 
 

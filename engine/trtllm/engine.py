@@ -34,13 +34,12 @@ from engine.protocol import (
     PrefillResult,
     Timings,
     TokenEvent,
-    Usage,
 )
 from engine.trtllm import disagg
 from engine.trtllm.llm_args import create_llm_kwargs, select_llm_class
 from engine.trtllm.loader import import_llmapi, import_trtllm
 from engine.trtllm.model_info import read_engine_info
-from engine.trtllm.outputs import map_finish_reason, map_logprobs, step_event
+from engine.trtllm.outputs import map_logprobs, step_event
 from engine.trtllm.sampling import to_trtllm_sampling
 from engine.trtllm.stats import StatsPoller
 
@@ -145,7 +144,7 @@ class TrtllmEngine:
         if req.disagg is not None and req.disagg.request_type == "generation_only":
             state = disagg.unpack_context(req.disagg)
             if state.finish_reason not in (None, "not_finished", "length"):
-                yield _finished_in_context(req, state)  # e.g. the end id came first
+                yield disagg.finished_event(req, state)  # e.g. the end id came first
                 return
         sp = to_trtllm_sampling(self._trt, req.sampling, end_id=self._end_id())
         params = disagg.to_generation_only(self._llmapi, state) if state else None
@@ -387,15 +386,6 @@ async def _drain(result: Any) -> None:
 
 def _needs_conversion(model: str) -> bool:
     return model == DEFAULT_MODEL or model.endswith(".gguf")
-
-
-def _finished_in_context(req: GenerateRequest, state: disagg.ContextState) -> TokenEvent:
-    tokens = state.first_gen_tokens
-    return TokenEvent(
-        token_ids=tokens,
-        finish_reason=map_finish_reason(state.finish_reason) or "stop",
-        usage=Usage(prompt_tokens=len(req.prompt_token_ids), completion_tokens=len(tokens)),
-    )
 
 
 def _timings(started: float, first_token_at: float | None) -> Timings:

@@ -58,6 +58,7 @@ async def test_stream_completes() -> None:
     assert headers[b"content-type"].startswith(b"text/event-stream")
     assert headers[b"cache-control"] == b"no-cache"
     assert headers[b"x-accel-buffering"] == b"no"
+    assert b"content-length" not in headers
     assert [m.get("body") for m in sent[1:]] == [b"data: 1\n\n", DONE, b""]
 
 
