@@ -47,7 +47,7 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class ImageInput:
-    """One image, opaque to routers: its BLAKE3 hash and decoded pixels (engine-specific payload)."""
+    """One image, opaque to routers: its BLAKE3 hash and decoded pixels (engine payload)."""
 
     hash: str
     payload: object = field(compare=False, repr=False)

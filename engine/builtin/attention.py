@@ -18,7 +18,9 @@ class PrefillSpan:
     q_start: int
     q_len: int
     ctx_len: int  # tokens of context after this step, this chunk included
-    ctx_slots: torch.Tensor | None = None  # [ctx_len] slots; None when the chunk is the whole context
+    ctx_slots: torch.Tensor | None = (
+        None  # [ctx_len] slots; None when the chunk is the whole context
+    )
     mask: torch.Tensor | None = None  # [q_len, ctx_len] bool, True = attend
 
 
@@ -34,7 +36,11 @@ class AttentionMetadata:
 
 
 def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
 ) -> None:
     k_cache.index_copy_(0, slots, k)
     v_cache.index_copy_(0, slots, v)

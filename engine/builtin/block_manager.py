@@ -44,7 +44,7 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def match_prefix(self, hashes: Seq[bytes]) -> list[int]:
-        """Cached blocks holding the leading full blocks of a prompt, in order, up to the first miss."""
+        """Cached blocks for the leading full blocks of a prompt, in order, up to the first miss."""
         found: list[int] = []
         if not self.caching:
             return found
@@ -94,4 +94,3 @@ class BlockManager:
             return
         self.hash_of[block] = h
         self.cached.setdefault(h, block)
-

@@ -7,6 +7,7 @@ asyncio.Queues, one call_soon_threadsafe per step for the whole batch.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import queue
 import random
@@ -19,11 +20,13 @@ from typing import Any
 import torch
 
 from config.settings import Settings
+from engine.builtin.kv_transfer import decode_kv
 from engine.builtin.loader import LoadedModel, load
 from engine.builtin.sampler import Sampler
 from engine.builtin.scheduler import Scheduler
 from engine.builtin.sequence import Sequence
 from engine.builtin.stepper import Stepper
+from engine.kv_wire import KvWireError
 from engine.model_source import model_display_name
 from engine.protocol import (
     ContextTooLongError,
@@ -80,6 +83,7 @@ class BuiltinEngine:
         )
         sched = Scheduler(lm.blocks, self.settings.max_batch_size, self.settings.max_num_tokens)
         self._stepper = Stepper(lm, sched, Sampler(lm.cfg.eos_token_ids), lm.max_model_len)
+        self._stepper.handoff_timeout = self.settings.kv_handoff_timeout
         self._thread = threading.Thread(target=self._run, name="builtin-engine", daemon=True)
         self._thread.start()
         self._state = "ready"
@@ -112,9 +116,66 @@ class BuiltinEngine:
     # --- requests -------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         seq = self._admit(req)
+        first = None
+        if req.disagg is not None and req.disagg.request_type == "generation_only":
+            first = self._prepare_import(seq, req)
+        async for ev in self._stream(seq, first):
+            yield ev
+
+    async def prefill(self, req: GenerateRequest) -> PrefillResult:
+        """Context phase only: sample the first token, keep the prompt's KV for a sibling."""
+        seq = self._admit(replace(req, sampling=replace(req.sampling, max_tokens=1)))
+        seq.hold_kv = True
+        events = [ev async for ev in self._stream(seq, None)]
+        last = events[-1]
+        if last.finish_reason == "abort":
+            raise OverloadedError("the context phase was aborted")
+        usage = last.usage
+        assert usage is not None
+        return PrefillResult(
+            request_id=req.request_id,
+            first_token_ids=tuple(t for ev in events for t in ev.token_ids),
+            first_logprobs=tuple(lp for ev in events for lp in ev.logprobs or ()) or None,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            opaque_state=json.dumps(
+                {"ctx_request_id": req.request_id, "kv_layout": self.info.kv_layout}
+            ).encode(),
+        )
+
+    async def pull_kv(self, ctx_request_id: str) -> bytes:
+        """The prompt KV of a finished context phase, as a kv_wire blob; frees its blocks."""
+        assert self._loop is not None
+        fut: asyncio.Future[bytes] = self._loop.create_future()
+        self._submit("export", (ctx_request_id, fut))
+        return await fut
+
+    def release_kv(self, ctx_request_id: str) -> None:
+        """Free a context phase's held blocks without pulling them (idempotent)."""
+        self._submit("release", ctx_request_id)
+
+    def _prepare_import(self, seq: Sequence, req: GenerateRequest) -> TokenEvent:
+        d = req.disagg
+        assert d is not None and self._stepper is not None
+        if not isinstance(d.kv_payload, bytes) or not d.first_token_ids:
+            raise InvalidRequestError("generation_only needs the sibling's KV and first token")
+        try:
+            num_tokens, kv = decode_kv(d.kv_payload, self.info.kv_layout)
+        except KvWireError as e:
+            raise InvalidRequestError(f"remote prefill KV refused: {e}") from e
+        if num_tokens != seq.prompt_len:
+            raise InvalidRequestError(
+                f"remote prefill KV covers {num_tokens} tokens, the prompt has {seq.prompt_len}"
+            )
+        seq.kv_import = kv
+        seq.token_ids += d.first_token_ids
+        seq.first_token = time.perf_counter()
+        return TokenEvent(d.first_token_ids, d.first_logprobs)
+
+    async def _stream(self, seq: Sequence, first: TokenEvent | None) -> AsyncIterator[TokenEvent]:
         q: asyncio.Queue[_Event] = asyncio.Queue()
-        self._queues[req.request_id] = q
-        self._submit("add", seq)
+        self._queues[seq.request_id] = q
+        self._submit("add", (seq, first))
         finished = False
         try:
             while True:
@@ -127,12 +188,9 @@ class BuiltinEngine:
                     finished = True
                     return
         finally:
-            self._queues.pop(req.request_id, None)
+            self._queues.pop(seq.request_id, None)
             if not finished:
-                self.abort(req.request_id)
-
-    async def prefill(self, req: GenerateRequest) -> PrefillResult:
-        raise InvalidRequestError("this instance does not serve remote prefill (see --mode)")
+                self.abort(seq.request_id)
 
     def abort(self, request_id: str) -> None:
         self._submit("abort", request_id)
@@ -178,6 +236,22 @@ class BuiltinEngine:
         if events and self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._dispatch, events)
 
+    def _export(self, st: Stepper, ctx_request_id: str, fut: asyncio.Future[bytes]) -> None:
+        def settle(result: bytes | BaseException) -> None:
+            if fut.done():
+                return
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+
+        try:
+            blob: bytes | BaseException = st.export_kv(ctx_request_id)
+        except KeyError:
+            blob = InvalidRequestError(f"no KV held for {ctx_request_id!r} (expired or pulled)")
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(settle, blob)
+
     def _run(self) -> None:
         st = self._stepper
         assert st is not None
@@ -190,17 +264,24 @@ class BuiltinEngine:
                 except queue.Empty:
                     break
                 if kind == "add":
-                    st.add(payload)
+                    events += st.add(*payload)
                 elif kind == "abort":
                     events += st.abort(payload)
+                elif kind == "export":
+                    self._export(st, *payload)
+                elif kind == "release":
+                    st.release_kv(payload)
                 elif kind == "stop":
                     stopping = True
             if stopping:
                 self._emit(events + st.abort_all())
                 return
+            if st.handoffs:
+                st.expire_handoffs(time.perf_counter())
             if not st.scheduler.has_work():
                 self._emit(events)
-                self._wake.wait()
+                # Wake at least every second while KV handoffs may need expiring.
+                self._wake.wait(timeout=1.0 if st.handoffs else None)
                 self._wake.clear()
                 continue
             try:

@@ -9,7 +9,9 @@ from engine import kv_wire
 _DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16)}
 
 
-def slots_for(block_table: list[int], num_tokens: int, block_size: int, device: torch.device) -> torch.Tensor:
+def slots_for(
+    block_table: list[int], num_tokens: int, block_size: int, device: torch.device
+) -> torch.Tensor:
     bt = torch.tensor(block_table, dtype=torch.long, device=device)
     offsets = torch.arange(block_size, device=device)
     return (bt.unsqueeze(1) * block_size + offsets).flatten()[:num_tokens]

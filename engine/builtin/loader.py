@@ -59,9 +59,17 @@ def load(settings: Settings) -> LoadedModel:
     else:
         model_dir = resolve_model(settings.model, settings.cache_dir)
         cfg = ModelConfig.from_file(model_dir / "config.json").with_generation_eos(model_dir)
-    max_len = min(settings.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    max_len = min(
+        settings.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+    )
     model = build_model(
-        cfg, model_dir, dtype, device, max_len, dummy=settings.load_format == "dummy", seed=settings.seed
+        cfg,
+        model_dir,
+        dtype,
+        device,
+        max_len,
+        dummy=settings.load_format == "dummy",
+        seed=settings.seed,
     )
     num_blocks = _num_blocks(settings, cfg, dtype, device)
     bs = settings.block_size

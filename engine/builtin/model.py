@@ -36,7 +36,9 @@ class Attention(nn.Module):
         super().__init__()
         self.nq, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.nq * self.hd, self.nkv * self.hd
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias
+        )
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.scale = self.hd**-0.5
 
@@ -87,6 +89,9 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.decoder_layers: list[DecoderLayer] = [
+            m for m in self.layers if isinstance(m, DecoderLayer)
+        ]
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.attn_fn: AttentionFn = paged_attention
 
@@ -100,7 +105,7 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm."""
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
+        for layer, kv in zip(self.decoder_layers, kv_caches, strict=True):
             a = layer.self_attn(
                 layer.input_layernorm(h), positions, self.rope, kv, meta, self.attn_fn
             )

@@ -1,4 +1,4 @@
-"""ModelConfig: the Llama-family shape read from an HF config.json (Llama 2/3, Mistral, Qwen2, SmolLM2)."""
+"""ModelConfig: a Llama-family shape from HF config.json (Llama 2/3, Mistral, Qwen2, SmolLM2)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ class ModelConfig:
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         model_type = cfg.get("model_type", "llama")
         if model_type not in SUPPORTED:
-            raise ValueError(f"model_type {model_type!r} is not supported (have {sorted(SUPPORTED)})")
+            raise ValueError(
+                f"model_type {model_type!r} is not supported (have {sorted(SUPPORTED)})"
+            )
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         # transformers 5 nests rope settings under rope_parameters; 4.x keeps them top-level.
@@ -82,4 +84,3 @@ class ModelConfig:
     def kv_elems_per_token(self) -> int:
         """Elements of K plus V per token across all layers (times the dtype size: bytes)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
-

@@ -102,4 +102,3 @@ class ModelRunner:
                 seq.prompt_logprobs.append(logprob_entry(lp[i], target, k))
         if c.start + c.length >= seq.prompt_len:
             seq.prompt_logprobs_done = True
-

@@ -1,4 +1,4 @@
-"""Sampler: penalties, min_tokens, temperature/top-k/top-p/min-p, per-request seeded draws, logprobs.
+"""Sampler: penalties, min_tokens, temperature/top-k/top-p/min-p, seeded draws, logprobs.
 
 Logprobs are the model's raw log-softmax (vLLM's default raw_logprobs), taken before penalties
 and temperature. Every row draws from its own torch.Generator, so a seeded request samples the
@@ -31,8 +31,12 @@ def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
         )
     if (sp.presence_penalty or sp.frequency_penalty) and seq.output_len:
         out = torch.tensor(seq.output_ids, dtype=torch.long, device=logits.device)
-        counts = torch.zeros_like(logits).index_add_(0, out, torch.ones_like(out, dtype=logits.dtype))
-        logits -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(logits.dtype)
+        counts = torch.zeros_like(logits).index_add_(
+            0, out, torch.ones_like(out, dtype=logits.dtype)
+        )
+        logits -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(
+            logits.dtype
+        )
 
 
 def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:

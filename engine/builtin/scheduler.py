@@ -91,7 +91,7 @@ class Scheduler:
         return chunks
 
     def _admit_imported(self, seq: Sequence) -> bool:
-        """Give a decode-side sequence blocks, write the sibling's KV, continue from its last token."""
+        """Give a decode-side sequence blocks, write the sibling's KV, go on from its last token."""
         need = self.blocks.blocks_needed(seq.num_tokens)
         if not self.blocks.can_allocate(need):
             return False
@@ -127,7 +127,9 @@ class Scheduler:
         while (len(seq.block_hashes) + 1) * bs <= upto_tokens:
             i = len(seq.block_hashes)
             prev = seq.block_hashes[-1] if seq.block_hashes else b""
-            seq.block_hashes.append(block_hash(prev, seq.token_ids[i * bs : (i + 1) * bs], seq.extra_key))
+            seq.block_hashes.append(
+                block_hash(prev, seq.token_ids[i * bs : (i + 1) * bs], seq.extra_key)
+            )
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         need = self.blocks.blocks_needed(num_tokens) - len(seq.block_table)

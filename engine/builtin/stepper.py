@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from engine.builtin.kv_transfer import export_kv, import_kv, slots_for
 from engine.builtin.sampler import Sampler
 from engine.builtin.scheduler import Scheduler
-from engine.builtin.kv_transfer import export_kv, import_kv, slots_for
 from engine.builtin.sequence import Sequence, Status
 from engine.protocol import FinishReason, Timings, TokenEvent, TokenLogprob, Usage
 
@@ -41,7 +41,12 @@ class Stepper:
             reason = self._finish_reason(seq, seq.token_ids[-1])
             if reason is not None:
                 seq.status = Status.FINISHED
-                return [(seq.request_id, self._final_event(seq, reason, first.token_ids, first.logprobs))]
+                return [
+                    (
+                        seq.request_id,
+                        self._final_event(seq, reason, first.token_ids, first.logprobs),
+                    )
+                ]
         self.seqs[seq.request_id] = seq
         self.scheduler.add(seq)
         if first is None:
@@ -152,7 +157,9 @@ class Stepper:
         now = time.perf_counter()
         sched = seq.first_scheduled or now
         first = seq.first_token or now
-        timings = Timings(queue_s=sched - seq.arrival, prefill_s=first - sched, decode_s=now - first)
+        timings = Timings(
+            queue_s=sched - seq.arrival, prefill_s=first - sched, decode_s=now - first
+        )
         usage = Usage(seq.prompt_len, seq.output_len, seq.num_cached)
         return TokenEvent(
             base.token_ids,
@@ -163,4 +170,3 @@ class Stepper:
             timings=timings,
             prompt_logprobs=base.prompt_logprobs,
         )
-

@@ -1,4 +1,4 @@
-"""Built-in engine behaviour on the real model: sampling params, seeds, aborts, caching, preemption."""
+"""Built-in engine on the real model: sampling params, seeds, aborts, caching, preemption."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ async def test_seed_reproducible_whatever_the_batch(
     results = await asyncio.gather(collect(engine, target), *(collect(engine, r) for r in others))
     assert _tokens(results[0]) == alone
     other_seed = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.95, seed=99)
-    different = _tokens(await collect(engine, GenerateRequest("c", tuple(chat_prompts[1]), other_seed)))
+    different = _tokens(
+        await collect(engine, GenerateRequest("c", tuple(chat_prompts[1]), other_seed))
+    )
     assert different != alone
 
 
@@ -63,7 +65,9 @@ async def test_logprobs_top_k_and_prompt_logprobs(
 ) -> None:
     engine = await make_engine()
     p = tuple(chat_prompts[2])
-    events = await collect(engine, GenerateRequest("lp", p, greedy(5, logprobs=3, prompt_logprobs=1)))
+    events = await collect(
+        engine, GenerateRequest("lp", p, greedy(5, logprobs=3, prompt_logprobs=1))
+    )
     first = events[0]
     assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(p) - 1
     assert [e.token_id for e in first.prompt_logprobs] == list(p[1:])
@@ -89,7 +93,9 @@ async def test_abort_frees_blocks_within_a_step(
     make_engine: EngineFactory, chat_prompts: list[list[int]]
 ) -> None:
     engine = await make_engine(enable_prefix_caching=False)
-    gen = engine.generate(GenerateRequest("long", tuple(chat_prompts[0]), greedy(500, ignore_eos=True)))
+    gen = engine.generate(
+        GenerateRequest("long", tuple(chat_prompts[0]), greedy(500, ignore_eos=True))
+    )
     await gen.__anext__()
     await gen.__anext__()
     assert engine.health().running == 1 and engine.health().kv_usage > 0
@@ -120,7 +126,10 @@ async def test_preemption_under_tiny_kv_pool_keeps_outputs(
     make_engine: EngineFactory, chat_prompts: list[list[int]]
 ) -> None:
     roomy = await make_engine(enable_prefix_caching=False)
-    reqs = [GenerateRequest(f"r{i}", tuple(p), greedy(48, ignore_eos=True)) for i, p in enumerate(chat_prompts)]
+    reqs = [
+        GenerateRequest(f"r{i}", tuple(p), greedy(48, ignore_eos=True))
+        for i, p in enumerate(chat_prompts)
+    ]
     expected = [_tokens(await collect(roomy, r)) for r in reqs]
     tight = await make_engine(num_kv_blocks=14, block_size=8, enable_prefix_caching=False)
     results = await asyncio.gather(*(collect(tight, r) for r in reqs))

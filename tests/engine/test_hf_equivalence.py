@@ -1,4 +1,4 @@
-"""Greedy output of the built-in engine equals HF transformers generate on the same weights (fp32)."""
+"""Greedy output of the built-in engine equals HF transformers generate on the same weights."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
-def hf_reference(model_dir: Path, chat_prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+def hf_reference(
+    model_dir: Path, chat_prompts: list[list[int]]
+) -> list[tuple[list[int], list[float]]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -32,7 +34,10 @@ def hf_reference(model_dir: Path, chat_prompts: list[list[int]]) -> list[tuple[l
             pad_token_id=model.config.eos_token_id,
         )
         tokens = res.sequences[0, len(ids) :].tolist()
-        lps = [float(torch.log_softmax(lg[0].float(), -1)[t]) for lg, t in zip(res.logits, tokens)]
+        lps = [
+            float(torch.log_softmax(lg[0].float(), -1)[t])
+            for lg, t in zip(res.logits, tokens, strict=True)
+        ]
         out.append((tokens, lps))
     return out
 

@@ -347,3 +347,25 @@ async def test_autodeploy_backend_prunes_args(
         assert len(await _collect(engine.generate(_req(max_tokens=2)))) == 2
     finally:
         await engine.stop()
+
+
+async def test_decode_skips_the_engine_when_context_already_finished(model_dir: Path) -> None:
+    decode = await _engine(model_dir, mode="decode")
+    try:
+        body = {
+            "format": "trtllm-disagg/1",
+            "kind": "context",
+            "ctx_request_id": 3,
+            "first_gen_tokens": [],
+            "draft_tokens": None,
+            "encoded_opaque_state": None,
+            "finish_reason": "stop",
+        }
+        params = DisaggParams(
+            request_type="generation_only", opaque_state=json.dumps(body).encode()
+        )
+        events = await _collect(decode.generate(GenerateRequest("d", (5, 6), disagg=params)))
+        assert [e.finish_reason for e in events] == ["stop"]
+        assert decode._llm.recorded_requests == []
+    finally:
+        await decode.stop()
