@@ -12,7 +12,8 @@ from app.metrics import GatewayMetrics
 from app.version import VERSION
 from config.settings import Settings
 from engine.protocol import Engine
-from routers import chat, completions, health, models
+from app.forwarding import ForwardCallerAuth
+from routers import chat, completions, disagg, health, models
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -24,8 +25,9 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         lifespan=create_lifespan(settings, engine, metrics),
     )
     install_error_handlers(app, on_disconnect=metrics.client_disconnected)
-    for module in (chat, completions, models, health):
+    for module in (chat, completions, models, health, disagg):
         app.include_router(module.router)
+    app.add_middleware(ForwardCallerAuth)
     Instrumentator(registry=metrics.registry, excluded_handlers=["/metrics"]).instrument(
         app
     ).expose(app, endpoint="/metrics", include_in_schema=False)

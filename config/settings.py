@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODEL = "default"
 
@@ -139,3 +139,45 @@ class Settings(BaseSettings):
     kv_handoff_timeout: float = Field(
         30.0, gt=0.0, description="Seconds a prefill instance keeps KV blocks nobody pulled."
     )
+
+    # --- operations ---------------------------------------------------------------------------
+    # Admission, keep-alives, auth, CORS and logs (docs/operations.md).
+    max_queued_requests: int | None = Field(
+        None,
+        ge=0,
+        description="Engine requests admitted beyond --max-batch-size; past it new requests get "
+        "503 + Retry-After before any templating or fetching (unset: no limit).",
+    )
+    sse_keepalive_interval: float = Field(
+        15.0,
+        ge=0.0,
+        description="Seconds of stream silence before a ': keep-alive' comment (0: off).",
+    )
+    api_key: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Accepted bearer keys (repeatable, or a comma list; env GATEWAY_API_KEY).",
+    )
+    api_key_file: Path | None = Field(None, description="File of API keys, one per line.")
+    public_paths: list[str] = Field(
+        default_factory=lambda: ["/health", "/metrics", "/version"],
+        description="Paths served without a key when keys are set (every other path needs one).",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="CORS origins ('*' for any). Unset: CORS off."
+    )
+    allowed_methods: list[str] = Field(
+        default_factory=lambda: ["GET", "POST", "OPTIONS"], description="CORS methods."
+    )
+    allowed_headers: list[str] = Field(default_factory=lambda: ["*"], description="CORS headers.")
+    allow_credentials: bool = Field(False, description="CORS: allow cookies and auth headers.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="json: one JSON object per log line."
+    )
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _split_api_keys(cls, value: object) -> object:
+        # GATEWAY_API_KEY=k1,k2 and --api-key k1,k2 both give two keys.
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value

@@ -7,7 +7,20 @@ from engine.protocol import Engine
 
 
 def create_engine(settings: Settings) -> Engine:
-    """Construct (not start) the engine; loading happens in Engine.start() under the lifespan."""
+    """Construct (not start) the engine; loading happens in Engine.start() under the lifespan.
+
+    A decode instance with --prefill-url gets its engine wrapped for remote prefill.
+    """
+    engine = _create_local(settings)
+    if settings.mode == "decode" and settings.prefill_url:
+        from engine.remote_prefill import RemotePrefillEngine
+        from engine.remote_prefill_stats import RemotePrefillStats
+
+        return RemotePrefillEngine(engine, settings, RemotePrefillStats())
+    return engine
+
+
+def _create_local(settings: Settings) -> Engine:
     if settings.engine == "builtin":
         from engine.builtin.engine import BuiltinEngine
 

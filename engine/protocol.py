@@ -6,6 +6,7 @@ Routers import only this module and engine.tokenizer. Nothing here knows HTTP, p
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -204,3 +205,26 @@ class Engine(Protocol):
 
     def abort(self, request_id: str) -> None:
         """Idempotent; unknown ids are ignored."""
+
+
+@runtime_checkable
+class KvHandoff(Protocol):
+    """Engines whose context phase leaves KV for a sibling to pull over HTTP (the built-in one).
+
+    TensorRT-LLM moves KV itself (cache transceiver), so its adapter does not implement this.
+    """
+
+    async def pull_kv(self, ctx_request_id: str) -> bytes:
+        """The held prompt KV of a finished prefill as a kv_wire blob; frees the blocks."""
+        ...
+
+    def release_kv(self, ctx_request_id: str) -> None:
+        """Free held KV without pulling it (the decode side gave up); idempotent."""
+
+    def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
+        """Prompt tokens the local prefix cache already holds (conditional disaggregation)."""
+        ...
+
+
+# The caller's Authorization header, set by the router, forwarded to sibling instances.
+CALLER_AUTHORIZATION: ContextVar[str | None] = ContextVar("caller_authorization", default=None)

@@ -37,6 +37,12 @@ def new_request_id(request: Request, prefix: str) -> str:
 
 def check_common(body: SamplingFields, serving: Serving) -> None:
     """Checks shared by chat and completions that need no tokenizer."""
+    if serving.settings.mode in ("prefill", "encode"):
+        raise BadRequestError(
+            f"this instance runs in --mode {serving.settings.mode} and only serves sibling "
+            "instances; send generation requests to a decode or aggregated instance",
+            code="wrong_mode",
+        )
     if body.model is not None and body.model != serving.model_name:
         raise ModelNotFoundError(f"The model `{body.model}` does not exist.", param="model")
     if body.best_of is not None and body.best_of > 1:

@@ -1,8 +1,10 @@
-"""Paged attention over a flat slot-indexed KV cache: the portable PyTorch path (CPU and fallback).
+"""Paged attention over a flat slot-indexed KV cache: metadata, and the portable PyTorch path.
 
 The cache of one layer is [num_slots, kv_heads, head_dim] with slot = block * block_size + offset.
-New K/V are written in place first; decode rows then attend over their gathered slots in one
-batched SDPA, and prefill chunks attend per sequence with a causal mask offset by their context.
+Portable path (CPU): new K/V are written in place first; decode rows then attend over their
+gathered slots in one batched SDPA, and prefill chunks attend per sequence with a causal mask
+offset by their context. CUDA path (kernels/): the model sets LlamaModel.ops and the same metadata
+carries block tables instead of gathered slots; the Triton kernels read the cache in place.
 """
 
 from __future__ import annotations
@@ -32,7 +34,20 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, L] bool, True = attend
     decode_ctx_lens: torch.Tensor | None = None  # [B] int32 (kernels use it)
     decode_block_tables: torch.Tensor | None = None  # [B, max_blocks] int32 (kernels use it)
+    decode_splits: int = 1  # split-KV programs per (sequence, kv head) (kernels)
     prefills: list[PrefillSpan] = field(default_factory=list)
+    prefill: KernelPrefill | None = None  # the packed prefill rows (kernels)
+
+
+@dataclass(slots=True)
+class KernelPrefill:
+    """Packed prefill rows for the Triton kernel; row i of each tensor is one prefilling sequence."""
+
+    block_tables: torch.Tensor  # [P, max_blocks] int32
+    ctx_lens: torch.Tensor  # [P] int32, context after this step
+    q_starts: torch.Tensor  # [P] int32, first packed query row
+    q_lens: torch.Tensor  # [P] int32
+    tiles: torch.Tensor  # [2 * n_tiles] int32 (row, first query of the tile)
 
 
 def write_kv(

@@ -154,6 +154,13 @@ class BuiltinEngine:
         """Free a context phase's held blocks without pulling them (idempotent)."""
         self._submit("release", ctx_request_id)
 
+    def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
+        """A read-only look at the prefix cache from the event loop (may be a step stale)."""
+        st = self._stepper
+        if st is None:
+            return 0
+        return st.scheduler.cached_prefix_tokens(list(prompt_token_ids))
+
     def _prepare_import(self, seq: Sequence, req: GenerateRequest) -> TokenEvent:
         d = req.disagg
         assert d is not None and self._stepper is not None

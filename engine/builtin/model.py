@@ -2,11 +2,14 @@
 
 GQA, RMSNorm, SwiGLU, optional QKV bias, tied embeddings. Q/K/V and gate/up projections are fused
 at load time. Tokens of all sequences in a step are packed into one [T, hidden] batch.
+On CUDA the runner sets `ops` (kernels.ops.KernelOps): the forward pass then runs fused Triton
+kernels (add+RMSNorm, RoPE+KV store, paged attention, SiLU-mul) around the cuBLAS projections.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +18,9 @@ from torch import nn
 from engine.builtin.attention import AttentionMetadata, paged_attention
 from engine.builtin.model_config import ModelConfig
 from engine.builtin.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from engine.builtin.kernels.ops import KernelOps
 
 AttentionFn = Callable[..., torch.Tensor]
 
@@ -57,6 +63,21 @@ class Attention(nn.Module):
         o = attn_fn(q, k, v.view(t, self.nkv, self.hd), kv[0], kv[1], meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        ops: KernelOps,
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        shape = (self.nq, self.nkv, self.hd)
+        q = ops.rope_and_store(qkv, positions, rope.cos, rope.sin, kv, meta.slot_mapping, shape)
+        o = ops.attention(q, kv, meta, self.scale)
+        return self.o_proj(o.view(x.shape[0], self.q_size))
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -94,6 +115,7 @@ class LlamaModel(nn.Module):
         ]
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.attn_fn: AttentionFn = paged_attention
+        self.ops: KernelOps | None = None
 
     def forward(
         self,
@@ -104,6 +126,8 @@ class LlamaModel(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm."""
+        if self.ops is not None:
+            return self._forward_fused(input_ids, positions, kv_caches, meta, inputs_embeds)
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         for layer, kv in zip(self.decoder_layers, kv_caches, strict=True):
             a = layer.self_attn(
@@ -113,6 +137,29 @@ class LlamaModel(nn.Module):
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         out: torch.Tensor = self.norm(h)
         return out
+
+    def _forward_fused(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        inputs_embeds: torch.Tensor | None,
+    ) -> torch.Tensor:
+        ops = self.ops
+        assert ops is not None
+        eps = self.cfg.rms_norm_eps
+        # The residual stream is updated in place by the add+norm kernel.
+        residual = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.clone()
+        layers = cast(list[DecoderLayer], list(self.layers))
+        x = ops.rms_norm(residual, layers[0].input_layernorm.weight, eps)
+        for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
+            a = layer.self_attn.forward_fused(x, positions, self.rope, kv, meta, ops)
+            x = ops.rms_norm(a, layer.post_attention_layernorm.weight, eps, residual)
+            m = layer.mlp.down_proj(ops.silu_mul(layer.mlp.gate_up_proj(x)))
+            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.norm.weight
+            x = ops.rms_norm(m, nxt, eps, residual)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

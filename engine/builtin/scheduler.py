@@ -122,6 +122,15 @@ class Scheduler:
             self.prefix_hits += seq.num_computed
             seq.num_cached = seq.num_computed
 
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        bs = self.blocks.block_size
+        hashes: list[bytes] = []
+        prev = b""
+        for i in range((len(token_ids) - 1) // bs):
+            prev = block_hash(prev, token_ids[i * bs : (i + 1) * bs])
+            hashes.append(prev)
+        return len(self.blocks.match_prefix(hashes)) * bs
+
     def _extend_hashes(self, seq: Sequence, upto_tokens: int) -> None:
         bs = self.blocks.block_size
         while (len(seq.block_hashes) + 1) * bs <= upto_tokens:

@@ -1,0 +1,220 @@
+"""Split-KV (flash-decoding) paged attention for one new token per sequence, GQA-grouped.
+
+Stage 1: one program per (sequence, kv head, split) walks its share of the sequence's pages,
+reading K/V in place from the cache through the block table, for all the query heads of its group
+at once (the group is padded to 16 rows for tl.dot). It writes a partial output and its
+log-sum-exp. Stage 2 merges the splits. With one split, stage 1 writes the final output directly.
+A row whose context length is 0 (a padded CUDA-graph row) gets zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    lens_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    out_ptr,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_btb,
+    stride_ob,
+    stride_oh,
+    scale,
+    NUM_SPLITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+) -> None:
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(lens_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), PAGE) * PAGE  # page-aligned share
+    start = split * per_split
+    end = tl.minimum(start + per_split, ctx)
+
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, D_PAD)
+    heads = kvh * GROUP + g
+    gmask = g < GROUP
+    dmask = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=gmask[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    den = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    offs = tl.arange(0, BLOCK_N)
+    qk_scale = scale * 1.4426950408889634  # exp2 domain
+    for n0 in range(start, end, BLOCK_N):
+        t = n0 + offs
+        tmask = t < end
+        page = tl.load(bt_ptr + b * stride_btb + t // PAGE, mask=tmask, other=0)
+        slot = page.to(tl.int64) * PAGE + t % PAGE
+        kv_mask = tmask[:, None] & dmask[None, :]
+        k = tl.load(
+            k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0
+        )
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(tmask[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        den = den * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0
+        )
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+
+    o = acc / tl.maximum(den, 1e-30)[:, None]
+    omask = gmask[:, None] & dmask[None, :]
+    if NUM_SPLITS == 1:
+        optr = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        lse = m / 1.4426950408889634 + tl.log(den)  # natural-log units; -inf for an empty split
+        row = (b * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
+        tl.store(mid_o_ptr + row[:, None] * D_PAD + d[None, :], o, mask=omask)
+        tl.store(mid_lse_ptr + row, lse, mask=gmask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    mid_o_ptr,
+    mid_lse_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    S_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+) -> None:
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, S_PAD)
+    d = tl.arange(0, D_PAD)
+    smask = s < NUM_SPLITS
+    base = (b * NUM_HEADS + h) * NUM_SPLITS
+    lse = tl.load(mid_lse_ptr + base + s, mask=smask, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    live = lse > float("-inf")
+    w = tl.where(live, tl.exp(tl.where(live, lse - mx, 0.0)), 0.0)
+    o = tl.load(mid_o_ptr + (base + s)[:, None] * D_PAD + d[None, :], mask=live[:, None], other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM
+    )
+
+
+def choose_splits(batch: int, num_kv_heads: int, max_ctx: int, page: int, num_sms: int) -> int:
+    """Enough programs to fill the GPU twice over, but no split shorter than 4 pages."""
+    want = max(1, -(-2 * num_sms // max(1, batch * num_kv_heads)))
+    most = max(1, -(-max_ctx // (4 * page)))
+    return int(min(want, most, 64))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    scale: float,
+    page: int,
+    num_splits: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [B, Hq, D]; caches: [slots, Hk, D]; block_tables: [B, W] int32; ctx_lens: [B] int32.
+
+    Returns [B, Hq, D] in q's dtype. Launch shapes depend only on B and num_splits, so the call
+    can be captured in a CUDA graph.
+    """
+    bsz, hq, dim = q.shape
+    hk = k_cache.shape[1]
+    group = hq // hk
+    d_pad = triton.next_power_of_2(dim)
+    if out is None:
+        out = torch.empty((bsz, hq, dim), dtype=q.dtype, device=q.device)
+    if bsz == 0:
+        return out
+    ieee = q.dtype == torch.float32
+    block_n = 32 if ieee or d_pad > 128 else 64
+    if num_splits > 1:
+        mid_o = torch.empty((bsz * hq * num_splits, d_pad), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((bsz * hq * num_splits,), dtype=torch.float32, device=q.device)
+    else:
+        mid_o = mid_lse = out  # unused
+    _decode_split_kernel[(bsz, hk, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        ctx_lens,
+        mid_o,
+        mid_lse,
+        out,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        scale,
+        NUM_SPLITS=num_splits,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=dim,
+        D_PAD=d_pad,
+        PAGE=page,
+        BLOCK_N=block_n,
+        IEEE=ieee,
+        num_warps=4,
+        num_stages=2,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(bsz, hq)](
+            mid_o,
+            mid_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=hq,
+            NUM_SPLITS=num_splits,
+            S_PAD=max(2, triton.next_power_of_2(num_splits)),
+            HEAD_DIM=dim,
+            D_PAD=d_pad,
+            num_warps=4,
+        )
+    return out

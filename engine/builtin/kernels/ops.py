@@ -1,0 +1,82 @@
+"""KernelOps: the fused CUDA operations LlamaModel uses when LlamaModel.ops is set.
+
+RMSNorm (with the residual add folded in), SiLU-mul, RoPE + KV store, and paged attention that
+runs the split-KV decode kernel on the leading decode rows and the packed prefill kernel on the
+rest, both reading the cache in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.builtin.attention import AttentionMetadata
+from engine.builtin.kernels.decode_attention import decode_attention
+from engine.builtin.kernels.fused_ops import rms_norm, silu_mul
+from engine.builtin.kernels.prefill_attention import prefill_attention
+from engine.builtin.kernels.rope_store import rope_and_store
+
+
+class KernelOps:
+    def __init__(self, page: int) -> None:
+        self.page = page
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return rms_norm(x, weight, eps, residual)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu_mul(gate_up)
+
+    def rope_and_store(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        slots: torch.Tensor,
+        shape: tuple[int, int, int],
+    ) -> torch.Tensor:
+        nq, nkv, hd = shape
+        return rope_and_store(qkv, positions, cos, sin, kv[0], kv[1], slots, nq, nkv, hd)
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """q: [T, Hq, D] (rotated; its K/V already stored). Returns [T, Hq, D] contiguous."""
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        nd = meta.num_decodes
+        if nd:
+            assert meta.decode_block_tables is not None and meta.decode_ctx_lens is not None
+            decode_attention(
+                q[:nd],
+                kv[0],
+                kv[1],
+                meta.decode_block_tables,
+                meta.decode_ctx_lens,
+                scale,
+                self.page,
+                meta.decode_splits,
+                out=out[:nd],
+            )
+        pf = meta.prefill
+        if pf is not None:
+            prefill_attention(
+                q,
+                kv[0],
+                kv[1],
+                out,
+                pf.block_tables,
+                pf.ctx_lens,
+                pf.q_starts,
+                pf.q_lens,
+                pf.tiles,
+                scale,
+                self.page,
+            )
+        return out

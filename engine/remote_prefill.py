@@ -1,0 +1,254 @@
+"""RemotePrefillEngine: a decode instance's engine that runs context phases on prefill siblings.
+
+generate() decides local or remote (conditional disaggregation), asks a sibling for the context
+phase over HTTP (same token ids, request id and caller auth), pulls the KV blobs when the inner
+engine is the built-in one, and continues decoding on the inner engine. A failing sibling falls
+back to local prefill unless --require-remote-prefill; cancelling the request cancels the
+sibling's work too. Sibling protocol: see routers/disagg.py (version PROTOCOL_VERSION).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, replace
+
+import httpx
+
+from config.settings import Settings
+from engine.protocol import (
+    CALLER_AUTHORIZATION,
+    DisaggParams,
+    Engine,
+    EngineHealth,
+    EngineInfo,
+    GenerateRequest,
+    KvHandoff,
+    PrefillResult,
+    RemotePrefillFailedError,
+    TokenEvent,
+    TokenLogprob,
+)
+from engine.remote_prefill_stats import RemotePrefillStats
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+PREFIX = "/internal/v1"
+
+
+class SiblingError(Exception):
+    """A sibling failed (unreachable, timeout, non-2xx, bad payload); fall back if allowed."""
+
+
+class SiblingMismatchError(Exception):
+    """A sibling serves another model or KV layout: a configuration error, never a fallback."""
+
+
+@dataclass
+class Sibling:
+    url: str
+    outstanding: int = 0
+    healthy: bool = True
+    retry_at: float = 0.0
+    checked: bool = False  # /internal/v1/info compared once
+
+
+class RemotePrefillEngine:
+    """Wraps the local engine; every protocol member but generate is the inner engine's."""
+
+    def __init__(self, inner: Engine, settings: Settings, stats: RemotePrefillStats) -> None:
+        self.inner = inner
+        self.settings = settings
+        self.remote_prefill_stats = stats
+        self.info: EngineInfo = inner.info
+        self.siblings = [Sibling(u.rstrip("/")) for u in settings.prefill_url]
+        self._client: httpx.AsyncClient | None = None
+        self._turn = 0
+
+    @property
+    def tokenizer_dir(self) -> object:
+        return getattr(self.inner, "tokenizer_dir", None)
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=self.settings.remote_prefill_timeout)
+        await self.inner.start()
+        self.info = self.inner.info
+        for sib in self.siblings:
+            try:
+                await self._check(sib)
+            except SiblingError as e:
+                log.warning("prefill sibling %s not reachable at start-up: %s", sib.url, e)
+                self._mark(sib, healthy=False)
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+        if self._client is not None:
+            await self._client.aclose()
+
+    def health(self) -> EngineHealth:
+        return self.inner.health()
+
+    async def prefill(self, req: GenerateRequest) -> PrefillResult:
+        return await self.inner.prefill(req)
+
+    def abort(self, request_id: str) -> None:
+        self.inner.abort(request_id)
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        disagg = await self._context_phase(req)
+        inner_req = req if disagg is None else replace(req, disagg=disagg)
+        stream = self.inner.generate(inner_req)
+        try:
+            async for ev in stream:
+                yield ev
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    # --- the context phase ---------------------------------------------------------------
+    async def _context_phase(self, req: GenerateRequest) -> DisaggParams | None:
+        """DisaggParams from a sibling, or None to prefill locally."""
+        uncached = len(req.prompt_token_ids)
+        if isinstance(self.inner, KvHandoff):
+            uncached -= self.inner.cached_prefix_tokens(req.prompt_token_ids)
+        if uncached < self.settings.max_local_prefill_tokens or req.images:
+            self.remote_prefill_stats.record("local_short")
+            return None
+        sib = self._pick()
+        if sib is None:
+            self._fallback(req, "no healthy prefill sibling")
+            return None
+        sib.outstanding += 1
+        try:
+            disagg = await self._remote(sib, req)
+        except SiblingMismatchError as e:
+            self.remote_prefill_stats.record("failed")
+            raise RemotePrefillFailedError(str(e)) from None
+        except SiblingError as e:
+            self._mark(sib, healthy=False)
+            self._fallback(req, f"prefill sibling {sib.url} failed: {e}")
+            return None
+        finally:
+            sib.outstanding -= 1
+        self.remote_prefill_stats.record("remote")
+        return disagg
+
+    def _fallback(self, req: GenerateRequest, why: str) -> None:
+        if self.settings.require_remote_prefill:
+            self.remote_prefill_stats.record("failed")
+            raise RemotePrefillFailedError(f"{why} (--require-remote-prefill is set)")
+        log.warning("request %s: %s; prefilling locally", req.request_id, why)
+        self.remote_prefill_stats.record("local_fallback")
+
+    def _pick(self) -> Sibling | None:
+        now = time.monotonic()
+        usable = [s for s in self.siblings if s.healthy or s.retry_at <= now]
+        if not usable:
+            return None
+        least = min(s.outstanding for s in usable)
+        tied = [s for s in usable if s.outstanding == least]
+        self._turn += 1
+        return tied[self._turn % len(tied)]
+
+    def _mark(self, sib: Sibling, healthy: bool) -> None:
+        sib.healthy = healthy
+        if not healthy:
+            sib.retry_at = time.monotonic() + self.settings.sibling_backoff
+        self.remote_prefill_stats.siblings_healthy[sib.url] = healthy
+
+    async def _remote(self, sib: Sibling, req: GenerateRequest) -> DisaggParams:
+        if not sib.healthy and not await self._healthy(sib):
+            raise SiblingError("still unhealthy")
+        await self._check(sib)
+        body = {
+            "protocol_version": PROTOCOL_VERSION,
+            "request_id": req.request_id,
+            "prompt_token_ids": list(req.prompt_token_ids),
+            "sampling": asdict(req.sampling),
+        }
+        res = await self._call("POST", sib, f"{PREFIX}/prefill", json=body)
+        try:
+            data = res.json()
+            state = base64.b64decode(data["disaggregated_params"]["opaque_state"])
+            first = tuple(int(t) for t in data["first_token_ids"])
+            lps = _logprobs(data.get("first_logprobs"))
+            ctx_id = str(data["disaggregated_params"]["ctx_request_id"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise SiblingError(f"bad prefill response: {e}") from None
+        kv = None
+        if isinstance(self.inner, KvHandoff):
+            kv = await self._pull(sib, ctx_id)
+        self._mark(sib, healthy=True)
+        return DisaggParams("generation_only", first, lps, ctx_id, state, kv)
+
+    async def _pull(self, sib: Sibling, ctx_id: str) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            res = await self._call("GET", sib, f"{PREFIX}/kv/{ctx_id}")
+        except asyncio.CancelledError:
+            await self._release(sib, ctx_id)
+            raise
+        blob = res.content
+        self.remote_prefill_stats.observe_transfer(len(blob), time.perf_counter() - t0)
+        return blob
+
+    async def _release(self, sib: Sibling, ctx_id: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            assert self._client is not None
+            await asyncio.shield(
+                self._client.delete(f"{sib.url}{PREFIX}/kv/{ctx_id}", headers=self._headers())
+            )
+
+    async def _check(self, sib: Sibling) -> None:
+        """Refuse a sibling that serves another model or KV layout (once per sibling)."""
+        if sib.checked:
+            return
+        info = (await self._call("GET", sib, f"{PREFIX}/info")).json()
+        ours = self.inner.info
+        theirs = (info.get("model"), info.get("kv_layout"), info.get("protocol_version"))
+        if theirs != (ours.model_id, ours.kv_layout, PROTOCOL_VERSION):
+            raise SiblingMismatchError(
+                f"prefill sibling {sib.url} is incompatible: it serves model {theirs[0]!r} with "
+                f"KV layout {theirs[1]!r} (protocol {theirs[2]}), this instance serves "
+                f"{ours.model_id!r} with {ours.kv_layout!r} (protocol {PROTOCOL_VERSION})"
+            )
+        sib.checked = True
+
+    async def _healthy(self, sib: Sibling) -> bool:
+        try:
+            assert self._client is not None
+            return (await self._client.get(f"{sib.url}/health", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def _call(
+        self, method: str, sib: Sibling, path: str, json: object | None = None
+    ) -> httpx.Response:
+        assert self._client is not None
+        url = f"{sib.url}{path}"
+        try:
+            res = await self._client.request(method, url, headers=self._headers(), json=json)
+        except httpx.HTTPError as e:
+            raise SiblingError(f"{type(e).__name__}: {e}") from None
+        if res.status_code != 200:
+            raise SiblingError(f"{method} {path} answered {res.status_code}: {res.text[:200]}")
+        return res
+
+    def _headers(self) -> dict[str, str]:
+        auth = CALLER_AUTHORIZATION.get()
+        return {"Authorization": auth} if auth else {}
+
+
+def _logprobs(raw: object) -> tuple[TokenLogprob, ...] | None:
+    if not isinstance(raw, list):
+        return None
+    return tuple(
+        TokenLogprob(
+            int(e["token_id"]), float(e["logprob"]), tuple((int(t), float(v)) for t, v in e["top"])
+        )
+        for e in raw
+    )

@@ -1,0 +1,32 @@
+"""RemotePrefillStats: counters a decode instance keeps about its prefill siblings.
+
+Written by engine/remote_prefill.py, read by the /metrics collector at scrape time (like
+EngineHealth), so nothing here depends on prometheus.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+OUTCOMES = ("remote", "local_short", "local_fallback", "failed")
+
+
+@dataclass
+class RemotePrefillStats:
+    outcomes: Counter[str] = field(default_factory=Counter)  # one of OUTCOMES per request
+    kv_bytes: int = 0  # KV bytes pulled from siblings
+    # KV pull latencies (seconds) not yet taken by the collector's histogram.
+    kv_seconds: list[float] = field(default_factory=list)
+    siblings_healthy: dict[str, bool] = field(default_factory=dict)
+
+    def record(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+
+    def observe_transfer(self, nbytes: int, seconds: float) -> None:
+        self.kv_bytes += nbytes
+        self.kv_seconds.append(seconds)
+
+    def drain_kv_seconds(self) -> list[float]:
+        out, self.kv_seconds = self.kv_seconds, []
+        return out

@@ -1,0 +1,187 @@
+"""Two real processes: a prefill instance and a decode instance doing remote prefill over HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.server import Server, free_port
+
+MODEL = "SmolLM2-135M-Instruct"
+LONG_SYSTEM = (
+    "You are a careful assistant. Answer briefly, in plain words, and check every fact twice. "
+    "Never invent sources. Prefer short sentences. Use the metric system. "
+) * 3
+PROMPTS = ["What is the capital of France?", "Name three colors.", "What is 12 times 12?"]
+
+
+def chat(prompt: str, **kw: object) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": LONG_SYSTEM},
+            {"role": "user", "content": prompt},
+        ],
+        "temperature": 0,
+        "max_tokens": 24,
+        "logprobs": True,
+        **kw,
+    }
+
+
+@pytest.fixture(scope="module")
+def prefill(log_dir: Path) -> Iterator[Server]:
+    srv = Server(args=["--mode", "prefill", "--num-kv-blocks", "512"]).start(log_dir)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def decode(prefill: Server, log_dir: Path) -> Iterator[Server]:
+    args = ["--mode", "decode", "--prefill-url", prefill.url, "--num-kv-blocks", "512"]
+    srv = Server(args=[*args, "--max-local-prefill-tokens", "64"]).start(log_dir)
+    yield srv
+    srv.stop()
+
+
+def _tokens_and_logprobs(body: dict) -> tuple[str, list[float]]:
+    choice = body["choices"][0]
+    return choice["message"]["content"], [t["logprob"] for t in choice["logprobs"]["content"]]
+
+
+def _stream_text(url: str, payload: dict) -> str:
+    text = ""
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=payload, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                import json
+
+                for ch in json.loads(line[6:])["choices"]:
+                    text += ch["delta"].get("content") or ""
+    return text
+
+
+def test_prefill_instance_refuses_client_generation(prefill: Server) -> None:
+    r = httpx.post(f"{prefill.url}/v1/chat/completions", json=chat("hi"), timeout=30)
+    assert r.status_code == 400
+    assert "--mode prefill" in r.json()["error"]["message"]
+
+
+def test_remote_prefill_matches_aggregated(server: Server, decode: Server) -> None:
+    before = decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="remote"')
+    for p in PROMPTS:
+        agg = httpx.post(f"{server.url}/v1/chat/completions", json=chat(p), timeout=60).json()
+        dis = httpx.post(f"{decode.url}/v1/chat/completions", json=chat(p), timeout=60).json()
+        agg_text, agg_lp = _tokens_and_logprobs(agg)
+        dis_text, dis_lp = _tokens_and_logprobs(dis)
+        assert dis_text == agg_text
+        assert len(dis_lp) == len(agg_lp)
+        assert max(abs(a - b) for a, b in zip(agg_lp, dis_lp, strict=True)) < 1e-4
+        assert _stream_text(decode.url, chat(p, stream=True)) == agg_text
+    after = decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="remote"')
+    assert after - before == 2 * len(PROMPTS)
+    assert decode.metric("trtllm_gateway:kv_transfer_bytes_total") > 0
+
+
+def test_short_prompt_stays_local(decode: Server) -> None:
+    before = decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="local_short"')
+    short = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    r = httpx.post(f"{decode.url}/v1/chat/completions", json=short, timeout=60)
+    assert r.status_code == 200
+    after = decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="local_short"')
+    assert after == before + 1
+
+
+def _idle(srv: Server, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (
+            srv.metric("trtllm_gateway:num_requests_running") == 0
+            and srv.metric("trtllm_gateway:kv_cache_usage_perc") == 0
+        ):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_disconnect_during_decode_frees_both(prefill: Server, decode: Server) -> None:
+    payload = chat("Tell me a long story.", max_tokens=3000, ignore_eos=True, stream=True)
+    with httpx.stream("POST", f"{decode.url}/v1/chat/completions", json=payload, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(10):
+            next(lines)
+    assert _idle(decode) and _idle(prefill)
+
+
+def test_disconnect_during_remote_prefill_frees_both(prefill: Server, decode: Server) -> None:
+    long_prompt = "Summarize: " + "the quick brown fox jumps over the lazy dog. " * 300
+    payload = chat(long_prompt, max_tokens=2000, ignore_eos=True)
+    try:
+        httpx.post(f"{decode.url}/v1/chat/completions", json=payload, timeout=0.3)
+    except httpx.ReadTimeout:
+        pass
+    assert _idle(decode) and _idle(prefill)
+
+
+def test_mismatched_sibling_is_refused(prefill: Server, log_dir: Path) -> None:
+    args = ["--mode", "decode", "--prefill-url", prefill.url, "--block-size", "8"]
+    srv = Server(args=[*args, "--num-kv-blocks", "256"]).start(log_dir, wait=False)
+    try:
+        deadline = time.monotonic() + 120
+        body = ""
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(f"{srv.url}/health", timeout=2)
+                body = r.text
+                if "incompatible" in body:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        assert r.status_code == 503
+        assert "incompatible" in body and "bs8" in body and "bs16" in body
+    finally:
+        srv.stop()
+
+
+def test_dead_sibling_falls_back_or_503(log_dir: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    common = ["--mode", "decode", "--prefill-url", dead, "--max-local-prefill-tokens", "0"]
+    lenient = Server(args=[*common, "--num-kv-blocks", "256"]).start(log_dir)
+    strict = Server(args=[*common, "--num-kv-blocks", "256", "--require-remote-prefill"])
+    strict.start(log_dir)
+    try:
+        r = httpx.post(f"{lenient.url}/v1/chat/completions", json=chat(PROMPTS[0]), timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+        assert lenient.metric("trtllm_gateway:remote_prefill_total", 'outcome="local_fallback"') == 1
+        r = httpx.post(f"{strict.url}/v1/chat/completions", json=chat(PROMPTS[0]), timeout=60)
+        assert r.status_code == 503
+        assert r.json()["error"]["message"]
+    finally:
+        lenient.stop()
+        strict.stop()
+
+
+def test_sibling_killed_mid_run_requests_complete(prefill: Server, decode: Server) -> None:
+    """Runs last in this module: it kills the prefill instance while requests are in flight."""
+    import concurrent.futures
+
+    payloads = [chat(f"{p} Explain in detail.", max_tokens=40) for p in PROMPTS * 2]
+    with concurrent.futures.ThreadPoolExecutor(len(payloads)) as pool:
+        futures = [
+            pool.submit(httpx.post, f"{decode.url}/v1/chat/completions", json=p, timeout=120)
+            for p in payloads
+        ]
+        time.sleep(0.5)
+        prefill.stop(timeout=10)
+        results = [f.result() for f in futures]
+    assert [r.status_code for r in results] == [200] * len(payloads)
+    assert all(r.json()["choices"][0]["message"]["content"] for r in results)
+    r = httpx.post(f"{decode.url}/v1/chat/completions", json=chat(PROMPTS[1]), timeout=60)
+    assert r.status_code == 200
+    assert decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="local_fallback"') >= 1

@@ -1,0 +1,117 @@
+"""The official openai SDK against the real server on SmolLM2: the vertical slice, end to end."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.e2e.server import Server
+
+MODEL = "SmolLM2-135M-Instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_default_model(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_chat_non_streaming_answers(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30)
+    choice = r.choices[0]
+    assert "Paris" in (choice.message.content or "")
+    assert choice.finish_reason == "stop"
+    assert r.usage is not None and r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 10
+
+
+def test_chat_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
+    full = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=30,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_completions_and_echo(client: openai.OpenAI) -> None:
+    r = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert r.choices[0].text.strip() and r.choices[0].finish_reason == "length"
+    e = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, echo=True
+    )
+    assert e.choices[0].text == "The capital of France is" + r.choices[0].text
+
+
+def test_n2_gives_two_indexed_choices(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, n=2, max_tokens=12, temperature=1.0, seed=7
+    )
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, n=2, max_tokens=12, temperature=1.0, seed=7, stream=True
+    )
+    texts = {0: "", 1: ""}
+    for c in stream:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+    assert texts == {c.index: c.message.content for c in r.choices}
+
+
+def test_stop_strings(client: openai.OpenAI) -> None:
+    base = client.completions.create(
+        model=MODEL, prompt="Count: 1, 2, 3,", max_tokens=20, temperature=0
+    ).choices[0].text
+    stop = base.strip()[:3].strip() or base[:2]
+    cut = client.completions.create(
+        model=MODEL, prompt="Count: 1, 2, 3,", max_tokens=20, temperature=0, stop=[stop]
+    ).choices[0]
+    assert cut.finish_reason == "stop" and stop not in cut.text
+    assert base.startswith(cut.text)
+
+
+def test_logprobs_and_top_logprobs(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == r.usage.completion_tokens  # type: ignore[union-attr]
+    for tok in content:
+        assert len(tok.top_logprobs) == 3
+        assert tok.logprob <= 0 and tok.top_logprobs[0].logprob >= tok.logprob - 1e-6
+        assert tok.bytes is not None
+
+
+def test_seed_reproducible(client: openai.OpenAI) -> None:
+    kw = {"model": MODEL, "messages": QUESTION, "max_tokens": 16, "temperature": 1.0}
+    a = client.chat.completions.create(seed=42, **kw).choices[0].message.content  # type: ignore[call-overload]
+    b = client.chat.completions.create(seed=42, **kw).choices[0].message.content  # type: ignore[call-overload]
+    assert a == b
+
+
+def test_sdk_raises_its_own_errors(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=QUESTION)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=10**6)
+    assert "8192" in str(e.value)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=-1)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[])
