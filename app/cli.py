@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 USAGE = """usage: trtllm-gateway COMMAND [ARGS]
@@ -15,19 +14,16 @@ commands:
 """
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+DRAIN_TAIL_S = 5
 
 
 def serve(argv: list[str]) -> int:
     import uvicorn
     from pydantic import ValidationError
 
+    from app.logs import configure_logging
     from app.main import create_app
+    from app.server import GatewayServer
     from config.settings import Settings
 
     try:
@@ -35,15 +31,23 @@ def serve(argv: list[str]) -> int:
     except ValidationError as exc:
         sys.stderr.write(f"trtllm-gateway serve: invalid settings\n{exc}\n")
         return 2
-    _configure_logging(settings.log_level)
-    app = create_app(settings)
-    uvicorn.run(
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        app = create_app(settings)
+    except OSError as exc:  # an unreadable --api-key-file
+        sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
+        return 2
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=round(settings.shutdown_timeout),
+        log_config=None,  # uvicorn's loggers go through ours (request_id, json)
+        access_log=False,  # RequestContextMiddleware logs one line per request
+        # The drain already waited --shutdown-timeout; this only bounds closing what is left.
+        timeout_graceful_shutdown=DRAIN_TAIL_S,
     )
+    GatewayServer(config, app.state.drain).run()
     return 0
 
 

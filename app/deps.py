@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.admission import Admission
 from app.errors import ServiceUnavailableError
 from app.metrics import GatewayMetrics
 from app.state import State
@@ -46,6 +47,7 @@ class Serving:
     metrics: GatewayMetrics
     settings: Settings
     model_name: str
+    admission: Admission
 
 
 def get_serving(state: StateDep) -> Serving:
@@ -61,6 +63,7 @@ def get_serving(state: StateDep) -> Serving:
         metrics=state.metrics,
         settings=state.settings,
         model_name=state.model_name,
+        admission=state.admission,
     )
 
 

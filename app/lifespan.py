@@ -16,11 +16,13 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
+from app.drain import Drain
 from app.metrics import GatewayMetrics
 from app.state import State
 from config.settings import Settings
 from engine.factory import create_engine
 from engine.protocol import Engine
+from engine.remote_prefill_stats import RemotePrefillStats
 from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,9 @@ async def _load(state: State) -> None:
         path = tokenizer_dir(state.settings, state.engine)
         state.tokenizer = await asyncio.to_thread(Tokenizer.from_dir, path)
         state.metrics.bind_engine(state.engine.health, state.model_name)
+        stats = getattr(state.engine, "remote_prefill_stats", None)
+        if isinstance(stats, RemotePrefillStats):
+            state.metrics.bind_remote_prefill(stats)
         logger.info("ready: model %s (tokenizer from %s)", state.model_name, path)
     except Exception as exc:
         logger.exception("engine failed to start")
@@ -51,21 +56,22 @@ async def _load(state: State) -> None:
 
 
 def create_lifespan(
-    settings: Settings, engine: Engine | None, metrics: GatewayMetrics
+    settings: Settings, engine: Engine | None, metrics: GatewayMetrics, drain: Drain
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, State]]]:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, State]]:
         eng = engine if engine is not None else create_engine(settings)
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
             state = State(settings=settings, engine=eng, metrics=metrics, http=http)
+            drain.bind(state)
             loading = asyncio.create_task(_load(state), name="engine-load")
             try:
                 yield {"gateway": state}
             finally:
-                state.draining = True
+                drain.begin()
                 loading.cancel()
                 await asyncio.gather(loading, return_exceptions=True)
-                await eng.stop()
+                await state.stop_engine()
                 logger.info("engine stopped")
 
     return lifespan

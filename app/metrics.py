@@ -1,7 +1,9 @@
 """Prometheus collectors (vLLM's names under the trtllm_gateway: prefix) and per-request recording.
 
 One CollectorRegistry per app, so several apps in one process do not collide. Gauges are read
-from engine.health() at scrape time; histograms and counters are fed by RequestRecorder.
+from engine.health() at scrape time; histograms and counters are fed by RequestRecorder. The
+admission counters, multimodal.MediaMetrics and engine RemotePrefillStats are plain objects read
+at scrape time too (app/ops_collectors.py), so nothing below the app layer knows prometheus.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app import request_context
+from app.admission import Admission
+from app.ops_collectors import AdmissionCollector, MediaCollector, RemotePrefillCollector
 from engine.protocol import EngineHealth, FinishReason, TokenEvent
+from engine.remote_prefill_stats import RemotePrefillStats
+from multimodal.metrics import MediaMetrics
 
 PREFIX = "trtllm_gateway:"
 _LATENCY_BUCKETS = (
@@ -63,10 +70,14 @@ class _EngineCollector(Collector):
 class GatewayMetrics:
     """Every engine/request metric of one app, registered in its own registry."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, admission: Admission | None = None) -> None:
         self.registry = registry
         self._health: Callable[[], EngineHealth] | None = None
         self.model_name = ""
+        self.admission = admission or Admission(running=1, queued=None)
+        # Filled by the image loader (routers/chat.py) and read at scrape time.
+        self.media = MediaMetrics()
+        self._remote_prefill = RemotePrefillCollector(lambda: self.model_name)
         label = ["model_name"]
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -94,10 +105,17 @@ class GatewayMetrics:
             registry=registry,
         )
         registry.register(_EngineCollector(self._read_health, lambda: self.model_name))
+        registry.register(AdmissionCollector(self.admission))
+        registry.register(MediaCollector(self.media))
+        registry.register(self._remote_prefill)
 
     def bind_engine(self, health: Callable[[], EngineHealth], model_name: str) -> None:
         self._health = health
         self.model_name = model_name
+
+    def bind_remote_prefill(self, stats: RemotePrefillStats) -> None:
+        """Export a remote-prefill engine's counters (decode instances with --prefill-url)."""
+        self._remote_prefill.bind(stats)
 
     def _read_health(self) -> EngineHealth | None:
         return self._health() if self._health is not None else None
@@ -117,19 +135,31 @@ class RequestRecorder:
         self._arrival = arrival
         self._last: float | None = None
         self._done = False
+        # The request's log context (shared by its choices): model, tokens, TTFT, finish.
+        self._ctx = request_context.current()
+        if self._ctx is not None:
+            self._ctx.model = metrics.model_name
 
     def on_event(self, event: TokenEvent) -> None:
         now = time.monotonic()
         model = self._m.model_name
+        ctx = self._ctx
         if self._last is None:
-            self._m.ttft.labels(model).observe(now - self._arrival)
+            ttft = now - self._arrival
+            self._m.ttft.labels(model).observe(ttft)
+            if ctx is not None and (ctx.ttft_s is None or ttft < ctx.ttft_s):
+                ctx.ttft_s = ttft
         elif event.token_ids:
             self._m.itl.labels(model).observe(now - self._last)
         self._last = now
         if event.token_ids:
             self._m.generation_tokens.labels(model).inc(len(event.token_ids))
+            if ctx is not None:
+                ctx.completion_tokens += len(event.token_ids)
         if event.usage is not None:
             self._m.prompt_tokens.labels(model).inc(event.usage.prompt_tokens)
+            if ctx is not None:
+                ctx.prompt_tokens += event.usage.prompt_tokens
         if event.timings is not None:
             self._m.queue.labels(model).observe(event.timings.queue_s)
             self._m.prefill.labels(model).observe(event.timings.prefill_s)
@@ -142,6 +172,8 @@ class RequestRecorder:
         self._done = True
         model = self._m.model_name
         self._m.success.labels(model, reason or "abort").inc()
+        if self._ctx is not None:
+            self._ctx.finish_reasons.append(reason or "abort")
         self._m.e2e.labels(model).observe(time.monotonic() - self._arrival)
 
 

@@ -1,9 +1,13 @@
-"""SSE framing (`data: {json}\n\n`, `[DONE]`, error frames) and the event-stream response."""
+"""SSE framing (`data: {json}\n\n`, `[DONE]`, error frames, keep-alive comments) and the
+event-stream response."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
@@ -13,11 +17,13 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from app import request_context
 from app.cancel import cancel_on_disconnect
 
 logger = logging.getLogger(__name__)
 
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients ignore it, proxies see traffic
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -50,24 +56,62 @@ class EventStreamResponse(Response):
         frames: AsyncGenerator[bytes, None],
         headers: Mapping[str, str] | None = None,
         on_disconnect: Callable[[], None] | None = None,
+        keepalive_s: float = 0.0,
     ) -> None:
         super().__init__(content=None, headers={**SSE_HEADERS, **(headers or {})})
         # Response would declare the empty body's content-length: 0; a stream has none.
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self._frames = frames
         self._on_disconnect = on_disconnect
+        self._keepalive_s = keepalive_s
+        self._on_close: list[Callable[[], None]] = []
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the response has ended, however it ended (admission release)."""
+        self._on_close.append(callback)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lock = asyncio.Lock()  # a keep-alive must not slip in after the final body message
+        last_sent = time.monotonic()
+
+        async def send_body(chunk: bytes, more: bool = True) -> None:
+            nonlocal last_sent
+            async with lock:
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            last_sent = time.monotonic()
+
+        async def keepalive(interval: float) -> None:
+            # One task per stream, not one per token: sleep until `interval` of silence is due.
+            while True:
+                await asyncio.sleep(max(0.0, last_sent + interval - time.monotonic()))
+                if time.monotonic() - last_sent >= interval:
+                    await send_body(KEEPALIVE)
+
         async def stream() -> None:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for chunk in frames:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            ticker = None
+            if self._keepalive_s > 0:
+                ticker = asyncio.create_task(keepalive(self._keepalive_s), name="sse-keepalive")
+            try:
+                async for chunk in frames:
+                    await send_body(chunk)
+            finally:
+                if ticker is not None:
+                    ticker.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await ticker
+            await send_body(b"", more=False)
 
         try:
             async with aclosing(self._frames) as frames:
                 await cancel_on_disconnect(receive, stream())
         except (ClientDisconnect, OSError):
             logger.info("client disconnected mid-stream")
+            ctx = request_context.current()
+            if ctx is not None:
+                ctx.disconnected = True
             if self._on_disconnect is not None:
                 self._on_disconnect()
+        finally:
+            for callback in self._on_close:
+                callback()

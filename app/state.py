@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import httpx
 
+from app.admission import Admission
 from app.metrics import GatewayMetrics
 from config.settings import Settings
 from engine.protocol import Engine, EngineHealth
@@ -22,6 +24,17 @@ class State:
     start_error: str | None = None
     draining: bool = False
     _model_name: str | None = field(default=None, repr=False)
+    _stopping: asyncio.Future[None] | None = field(default=None, repr=False)
+
+    @property
+    def admission(self) -> Admission:
+        return self.metrics.admission
+
+    async def stop_engine(self) -> None:
+        """Stop the engine once (drain and lifespan both call this); aborts what is in flight."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self.engine.stop())
+        await asyncio.shield(self._stopping)
 
     @property
     def model_name(self) -> str:

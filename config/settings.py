@@ -25,7 +25,9 @@ class Settings(BaseSettings):
     # --- server -----------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind (0 picks a free one).")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the gateway and uvicorn."
+    )
 
     # --- model ------------------------------------------------------------------------------
     model: str = Field(
@@ -39,20 +41,33 @@ class Settings(BaseSettings):
     cache_dir: Path | None = Field(None, description="Where converted GGUF copies are cached.")
 
     # --- engine -----------------------------------------------------------------------------
-    engine: Literal["builtin", "trtllm", "fake"] = "builtin"
-    mode: Literal["aggregated", "prefill", "decode", "encode"] = "aggregated"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    engine: Literal["builtin", "trtllm", "fake"] = Field(
+        "builtin", description="builtin (PyTorch), trtllm (TensorRT-LLM) or fake (tests)."
+    )
+    mode: Literal["aggregated", "prefill", "decode", "encode"] = Field(
+        "aggregated", description="Role in disaggregated serving (see Modes)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Built-in engine device (auto: CUDA when available)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights and KV dtype (auto: bfloat16 on CUDA; on CPU, see docs)."
+    )
     max_model_len: int | None = Field(None, ge=16, description="Context length cap.")
     max_batch_size: int = Field(64, ge=1, description="Most requests running at once.")
     max_num_tokens: int = Field(2048, ge=16, description="Token budget per engine step.")
     block_size: int = Field(16, ge=1, description="Tokens per KV-cache block.")
     num_kv_blocks: int | None = Field(None, ge=2, description="KV blocks (overrides fraction).")
     kv_cache_fraction: float = Field(
-        0.9, gt=0.0, le=1.0, description="Share of free GPU memory for the KV cache (CPU: of a 1 GiB budget)."
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="Share of free GPU memory for the KV cache (CPU: of a 1 GiB budget).",
     )
-    enable_prefix_caching: bool = True
-    cuda_graphs: bool = True
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse cached KV blocks of shared prefixes."
+    )
+    cuda_graphs: bool = Field(True, description="Replay decode steps from CUDA graphs.")
     seed: int = Field(0, description="Seed for requests that give none.")
 
     # --- tensorrt-llm -----------------------------------------------------------------------
@@ -181,3 +196,15 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
+
+    # --- vision / encode ----------------------------------------------------------------------
+    encode_url: list[str] = Field(
+        default_factory=list,
+        description="Sibling encode instances (--mode encode) that embed images, comma list.",
+    )
+    encode_timeout: float = Field(
+        30.0, gt=0.0, description="Seconds for a sibling to embed a request's images."
+    )
+    vision_embed_cache_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, description="Image-embedding LRU cache size in bytes (0: off)."
+    )

@@ -10,10 +10,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.cancel import cancel_on_disconnect
 from app.deps import Serving, ServingDep
 from app.errors import BadRequestError
-from app.sse import EventStreamResponse
 from engine.protocol import GenerateRequest
 from routers import generation as gen
 from routers.render import ChoiceDelta, ChoiceRenderer, chat_logprobs
@@ -41,7 +39,9 @@ async def create_chat_completion(
 ) -> Response:
     arrival = time.monotonic()
     request_id = gen.new_request_id(request, "chatcmpl")
-    return await cancel_on_disconnect(request.receive, _chat(body, serving, request_id, arrival))
+    return await gen.admitted(
+        request, serving, body.n, lambda: _chat(body, serving, request_id, arrival)
+    )
 
 
 def _check(body: ChatCompletionRequest, serving: Serving) -> None:
@@ -204,12 +204,10 @@ async def _chat(
         choices.append(gen.Choice(i, req, renderer))
     items = gen.start(serving, choices, arrival)
     prelude = run.prelude()  # before the peek: role chunks report zero completion tokens
-    first = await gen.peek(items)
     headers = {"X-Request-Id": request_id}
     if body.stream:
-        frames = gen.stream_frames(request_id, first, items, prelude, run.render, run.epilogue)
-        return EventStreamResponse(
-            frames, headers=headers, on_disconnect=serving.metrics.client_disconnected
+        return await gen.stream_response(
+            serving, request_id, items, (prelude, run.render, run.epilogue), headers
         )
-    response = run.response(await gen.collect(first, items))
+    response = run.response(await gen.collect(await gen.peek(items), items))
     return JSONResponse(response.model_dump(mode="json"), headers=headers)

@@ -10,10 +10,8 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.cancel import cancel_on_disconnect
 from app.deps import Serving, ServingDep
 from app.errors import BadRequestError
-from app.sse import EventStreamResponse
 from engine.protocol import GenerateRequest, TokenLogprob
 from routers import generation as gen
 from routers.render import ChoiceDelta, ChoiceRenderer, completion_logprobs
@@ -35,8 +33,9 @@ async def create_completion(
 ) -> Response:
     arrival = time.monotonic()
     request_id = gen.new_request_id(request, "cmpl")
-    return await cancel_on_disconnect(
-        request.receive, _complete(body, serving, request_id, arrival)
+    weight = body.n * gen.prompt_count(body.prompt)
+    return await gen.admitted(
+        request, serving, weight, lambda: _complete(body, serving, request_id, arrival)
     )
 
 
@@ -212,12 +211,10 @@ async def _complete(
             req = GenerateRequest(f"{request_id}-{index}", tuple(prompt.token_ids), sampling)
             choices.append(gen.Choice(index, req, renderer))
     items = gen.start(serving, choices, arrival)
-    first = await gen.peek(items)
     headers = {"X-Request-Id": request_id}
     if body.stream:
-        frames = gen.stream_frames(request_id, first, items, (), run.render, run.epilogue)
-        return EventStreamResponse(
-            frames, headers=headers, on_disconnect=serving.metrics.client_disconnected
+        return await gen.stream_response(
+            serving, request_id, items, ((), run.render, run.epilogue), headers
         )
-    response = run.response(await gen.collect(first, items))
+    response = run.response(await gen.collect(await gen.peek(items), items))
     return JSONResponse(response.model_dump(mode="json"), headers=headers)

@@ -1,24 +1,27 @@
-"""The one generation path chat and completions share: checks, sampling params, fan-out over n,
-per-choice render, merge by index, the first-event peek and the SSE frame loop.
+"""The one generation path chat and completions share: admission, checks, sampling params,
+fan-out over n, per-choice render, merge by index, the first-event peek and the SSE frame loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from fastapi import Request
+from fastapi.responses import Response
 from pydantic import BaseModel
 
+from app import request_context
+from app.cancel import cancel_on_disconnect
 from app.deps import Serving
 from app.errors import BadRequestError, ModelNotFoundError, error_payload
 from app.metrics import RequestRecorder, instrument
-from app.sse import DONE, error_frame, frame
+from app.sse import DONE, EventStreamResponse, error_frame, frame
 from engine.protocol import ContextTooLongError, Engine, GenerateRequest, SamplingParams, TokenEvent
 from routers.render import ChoiceDelta, ChoiceRenderer
 from routers.schemas import SamplingFields
@@ -30,9 +33,31 @@ Item = tuple[int, ChoiceDelta]
 
 
 def new_request_id(request: Request, prefix: str) -> str:
-    """X-Request-Id when the client sent one (vLLM does the same), else a fresh id."""
-    header = request.headers.get("x-request-id", "").strip()
-    return header[:128] if header else f"{prefix}-{uuid.uuid4().hex}"
+    """A valid client X-Request-Id (vLLM does the same), else `{prefix}-{hex}`; either way the
+    id the response echoes and every log line of the request carries."""
+    del request  # the request context (app/request_context.py) has read the header
+    return request_context.new_request_id(prefix)
+
+
+async def admitted(
+    request: Request,
+    serving: Serving,
+    weight: int,
+    handler: Callable[[], Coroutine[Any, Any, Response]],
+) -> Response:
+    """Reserve `weight` engine requests before any work (503 + Retry-After when full), run the
+    handler under the disconnect watcher, and release the slot when the response has ended."""
+    slot = serving.admission.reserve(weight)
+    try:
+        response = await cancel_on_disconnect(request.receive, handler())
+    except BaseException:
+        slot.release()
+        raise
+    if isinstance(response, EventStreamResponse):
+        response.on_close(slot.release)
+    else:
+        slot.release()
+    return response
 
 
 def check_common(body: SamplingFields, serving: Serving) -> None:
@@ -157,12 +182,62 @@ def start(serving: Serving, choices: list[Choice], arrival: float) -> AsyncGener
     return merge(streams)
 
 
+def prompt_count(prompt: object) -> int:
+    """Prompts in a completions `prompt` (text, token ids, or a batch of either), unparsed."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return len(prompt)
+    return 1
+
+
 async def peek(items: AsyncGenerator[Item, None]) -> Item | None:
     """The first item, so that errors before the first token become real HTTP statuses."""
     try:
         return await anext(items)
     except StopAsyncIteration:
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A first item still on its way when the stream starts (queued, or in remote prefill)."""
+
+    task: asyncio.Future[Item | None]
+
+
+First = Item | None | Pending
+
+
+async def peek_stream(items: AsyncGenerator[Item, None], wait_s: float) -> First:
+    """peek, but give up after wait_s (> 0): the stream then starts and keep-alive comments flow
+    while the request waits; an error that comes later is an error frame, not a status."""
+    if wait_s <= 0:
+        return await peek(items)
+    task = asyncio.ensure_future(peek(items))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=wait_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    return task.result() if task in done else Pending(task)
+
+
+async def _settle(first: First) -> Item | None:
+    if not isinstance(first, Pending):
+        return first
+    return await asyncio.shield(first.task)  # cancelled and awaited by _finish_pending
+
+
+@contextlib.asynccontextmanager
+async def _finish_pending(first: First) -> AsyncIterator[None]:
+    """On the way out, cancel and await a pending peek, so the generator that task runs is no
+    longer running when aclosing closes it (and its error, if any, is retrieved)."""
+    try:
+        yield
+    finally:
+        if isinstance(first, Pending):
+            first.task.cancel()
+            await asyncio.gather(first.task, return_exceptions=True)
 
 
 async def collect(first: Item | None, items: AsyncGenerator[Item, None]) -> list[Item]:
@@ -174,7 +249,7 @@ async def collect(first: Item | None, items: AsyncGenerator[Item, None]) -> list
 
 async def stream_frames(
     request_id: str,
-    first: Item | None,
+    first: First,
     items: AsyncGenerator[Item, None],
     prelude: Iterable[BaseModel],
     render: Callable[[int, ChoiceDelta], Iterable[BaseModel]],
@@ -182,11 +257,11 @@ async def stream_frames(
 ) -> AsyncGenerator[bytes, None]:
     """SSE frames: prelude, rendered items, epilogue, [DONE]; a failure after the first byte is
     one error frame, then [DONE]."""
-    async with aclosing(items) as rest:
+    async with aclosing(items) as rest, _finish_pending(first):
         for chunk in prelude:
             yield frame(chunk)
         try:
-            item = first
+            item = await _settle(first)
             while item is not None:
                 for chunk in render(*item):
                     yield frame(chunk)
@@ -199,3 +274,29 @@ async def stream_frames(
         for chunk in epilogue():
             yield frame(chunk)
         yield DONE
+
+
+Renderers = tuple[
+    Iterable[BaseModel],
+    Callable[[int, ChoiceDelta], Iterable[BaseModel]],
+    Callable[[], Iterable[BaseModel]],
+]
+
+
+async def stream_response(
+    serving: Serving,
+    request_id: str,
+    items: AsyncGenerator[Item, None],
+    renderers: Renderers,
+    headers: dict[str, str],
+) -> EventStreamResponse:
+    """Peek (up to the keep-alive interval), then the SSE response over the frames."""
+    keepalive_s = serving.settings.sse_keepalive_interval
+    first = await peek_stream(items, keepalive_s)
+    frames = stream_frames(request_id, first, items, *renderers)
+    return EventStreamResponse(
+        frames,
+        headers=headers,
+        on_disconnect=serving.metrics.client_disconnected,
+        keepalive_s=keepalive_s,
+    )

@@ -26,6 +26,7 @@ from engine.builtin.sampler import Sampler
 from engine.builtin.scheduler import Scheduler
 from engine.builtin.sequence import Sequence
 from engine.builtin.stepper import Stepper
+from engine.builtin.vision.embedder import ImageEmbedder, create_embedder
 from engine.kv_wire import KvWireError
 from engine.model_source import model_display_name
 from engine.protocol import (
@@ -62,6 +63,7 @@ class BuiltinEngine:
         self._rng = random.Random(settings.seed)
         self._loaded: LoadedModel | None = None
         self._stepper: Stepper | None = None
+        self._vision: ImageEmbedder | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -73,6 +75,7 @@ class BuiltinEngine:
             raise
         lm = self._loaded
         self.tokenizer_dir = lm.model_dir
+        self._vision = create_embedder(lm.vision, self.settings) if lm.vision else None
         self.info = replace(
             self.info,
             max_model_len=lm.max_model_len,
@@ -80,6 +83,7 @@ class BuiltinEngine:
             eos_token_ids=lm.cfg.eos_token_ids,
             mode=self.settings.mode,
             kv_layout=lm.kv_layout,
+            supports_images=self._vision is not None,
         )
         sched = Scheduler(lm.blocks, self.settings.max_batch_size, self.settings.max_num_tokens)
         self._stepper = Stepper(lm, sched, Sampler(lm.cfg.eos_token_ids), lm.max_model_len)
@@ -95,6 +99,8 @@ class BuiltinEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        if self._vision is not None:
+            await self._vision.aclose()
         self._state = "dead" if self._detail else "draining"
 
     def health(self) -> EngineHealth:
@@ -115,7 +121,7 @@ class BuiltinEngine:
 
     # --- requests -------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        seq = self._admit(req)
+        seq = await self._admit_images(req) if req.images else self._admit(req)
         first = None
         if req.disagg is not None and req.disagg.request_type == "generation_only":
             first = self._prepare_import(seq, req)
@@ -124,7 +130,8 @@ class BuiltinEngine:
 
     async def prefill(self, req: GenerateRequest) -> PrefillResult:
         """Context phase only: sample the first token, keep the prompt's KV for a sibling."""
-        seq = self._admit(replace(req, sampling=replace(req.sampling, max_tokens=1)))
+        req = replace(req, sampling=replace(req.sampling, max_tokens=1))
+        seq = await self._admit_images(req) if req.images else self._admit(req)
         seq.hold_kv = True
         events = [ev async for ev in self._stream(seq, None)]
         last = events[-1]
@@ -228,6 +235,15 @@ class BuiltinEngine:
         seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
         gen = torch.Generator(device=self._stepper.device).manual_seed(seed)
         return Sequence.from_request(req, gen)
+
+    async def _admit_images(self, req: GenerateRequest) -> Sequence:
+        """_admit after embedding the images and expanding each image token to its rows."""
+        if self._vision is None:
+            return self._admit(req)  # refuses: loading, or a model without images
+        req, placed = await self._vision.prepare(req, self.info.max_model_len)
+        seq = self._admit(req)
+        seq.images = placed
+        return seq
 
     def _submit(self, kind: str, payload: Any) -> None:
         self._inbox.put((kind, payload))

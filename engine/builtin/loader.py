@@ -14,6 +14,8 @@ from engine.builtin.block_manager import BlockManager
 from engine.builtin.model import LlamaModel
 from engine.builtin.model_config import ModelConfig
 from engine.builtin.runner import ModelRunner
+from engine.builtin.vision.encoder import VisionEncoder, load_encoder
+from engine.builtin.vision.spec import is_vision_checkpoint, language_config
 from engine.builtin.weights import build_model
 from engine.model_source import resolve_model
 
@@ -34,6 +36,7 @@ class LoadedModel:
     runner: ModelRunner
     max_model_len: int
     kv_layout: str
+    vision: VisionEncoder | None = None  # LLaVA checkpoints: tower + projector
 
 
 def pick_device(name: str) -> torch.device:
@@ -58,7 +61,7 @@ def load(settings: Settings) -> LoadedModel:
             model_dir = Path(settings.tokenizer)
     else:
         model_dir = resolve_model(settings.model, settings.cache_dir)
-        cfg = ModelConfig.from_file(model_dir / "config.json").with_generation_eos(model_dir)
+        cfg = language_config(model_dir).with_generation_eos(model_dir)
     max_len = min(
         settings.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
     )
@@ -82,7 +85,10 @@ def load(settings: Settings) -> LoadedModel:
     blocks = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
     runner = ModelRunner(model, kv_caches, bs, device)
     layout = f"{cfg.model_type}:{cfg.num_layers}x{cfg.num_kv_heads}x{cfg.head_dim}:{dtype}:bs{bs}"
-    return LoadedModel(cfg, model, model_dir, device, dtype, blocks, runner, max_len, layout)
+    vision = load_encoder(model_dir, dtype, device) if is_vision_checkpoint(model_dir) else None
+    return LoadedModel(
+        cfg, model, model_dir, device, dtype, blocks, runner, max_len, layout, vision
+    )
 
 
 def _num_blocks(

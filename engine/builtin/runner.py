@@ -1,8 +1,16 @@
-"""ModelRunner: turns scheduled chunks into packed tensors, runs the model, returns logits rows."""
+"""ModelRunner: turns scheduled chunks into packed tensors, runs the model, returns logits rows.
+
+Two paths. Portable (CPU): per-sequence slot lists and masks for the SDPA attention in
+attention.py. Kernels (CUDA): flat numpy metadata uploaded through pinned memory without a host
+sync, Triton paged attention, and pure-decode steps replayed from CUDA graphs. On CUDA a token id
+may be a placeholder -(r + 1) for row r of the previous step's sampled ids, still on the GPU: the
+stepper schedules step N+1 before step N's tokens reach the host (see overlap.py).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -10,6 +18,10 @@ from engine.builtin.attention import AttentionMetadata, PrefillSpan, causal_offs
 from engine.builtin.model import LlamaModel
 from engine.builtin.sampler import logprob_entry
 from engine.builtin.scheduler import ScheduledChunk
+from engine.builtin.vision.placement import image_embeds_for
+
+if TYPE_CHECKING:
+    from engine.builtin.kernel_path import KernelPath
 
 
 @dataclass(slots=True)
@@ -25,19 +37,37 @@ class ModelRunner:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         block_size: int,
         device: torch.device,
+        max_model_len: int = 0,
+        max_batch_size: int = 0,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
         self._offsets = torch.arange(block_size, device=device)
+        self.kernels: KernelPath | None = None
+        if device.type == "cuda":
+            from engine.builtin.kernel_path import KernelPath
+
+            self.kernels = KernelPath(
+                model, kv_caches, block_size, device, max_model_len, max_batch_size, cuda_graphs
+            )
+
+    @property
+    def overlap(self) -> bool:
+        """True when run() may take placeholder ids and sampling stays on the device."""
+        return self.kernels is not None
 
     def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         bt = torch.tensor(block_table, dtype=torch.long, device=self.device)
         return (bt.unsqueeze(1) * self.block_size + self._offsets).flatten()[start:end]
 
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk]) -> StepOutput:
+    def run(self, chunks: list[ScheduledChunk], prev: torch.Tensor | None = None) -> StepOutput:
+        """prev: the previous step's sampled ids on the device (kernel path placeholders)."""
+        if self.kernels is not None:
+            return self.kernels.run(chunks, prev, self._prompt_logprobs)
         # Decodes (one new token) first so they batch into one attention call.
         ordered = sorted(chunks, key=lambda c: c.length != 1)
         ids: list[int] = []
@@ -75,7 +105,8 @@ class ModelRunner:
             meta.decode_mask = mask[:, None, None, :]
             meta.decode_ctx_lens = lens.to(torch.int32)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        hidden = self.model(input_ids, torch.cat(positions), self.kv_caches, meta)
+        embeds = image_embeds_for(self.model.embed_tokens, ordered, input_ids)
+        hidden = self.model(input_ids, torch.cat(positions), self.kv_caches, meta, embeds)
 
         rows: list[int] = []
         sample_chunks: list[ScheduledChunk] = []

@@ -6,7 +6,8 @@ import time
 from typing import TYPE_CHECKING
 
 from engine.builtin.kv_transfer import export_kv, import_kv, slots_for
-from engine.builtin.sampler import Sampler
+from engine.builtin.overlap import OverlapPipeline
+from engine.builtin.sampler import SampleResult, Sampler
 from engine.builtin.scheduler import Scheduler
 from engine.builtin.sequence import Sequence, Status
 from engine.protocol import FinishReason, Timings, TokenEvent, TokenLogprob, Usage
@@ -28,6 +29,8 @@ class Stepper:
         self.max_model_len = max_model_len
         self.handoff_timeout = 30.0
         self.seqs: dict[str, Sequence] = {}
+        # CUDA: schedule step N+1 while the GPU runs step N (overlap.py).
+        self.pipeline = OverlapPipeline(self) if lm.runner.overlap else None
         # Prefill side: finished context phases whose KV blocks wait for a sibling to pull them.
         self.handoffs: dict[str, tuple[Sequence, float]] = {}
         self.kv_caches = lm.runner.kv_caches
@@ -59,6 +62,8 @@ class Stepper:
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return []
+        if self.pipeline is not None:
+            self.pipeline.forget(seq)
         self.scheduler.finish(seq)
         return [(request_id, self._final_event(seq, "abort", ()))]
 
@@ -99,6 +104,8 @@ class Stepper:
         return out
 
     def step(self) -> Emitted:
+        if self.pipeline is not None:
+            return self.pipeline.step()
         chunks = self.scheduler.schedule()
         if not chunks:
             return []
@@ -110,19 +117,23 @@ class Stepper:
         events: Emitted = []
         for seq, r in zip(seqs, results, strict=True):
             seq.token_ids.append(r.token_id)
-            if seq.first_token is None:
-                seq.first_token = now
-            reason = self._finish_reason(seq, r.token_id)
-            lps = (r.logprob,) if r.logprob is not None else None
-            if reason is not None:
-                self.seqs.pop(seq.request_id, None)
-                self.scheduler.finish(seq, keep_blocks=seq.hold_kv)
-                if seq.hold_kv:
-                    self.handoffs[seq.request_id] = (seq, now + self.handoff_timeout)
-                events.append((seq.request_id, self._final_event(seq, reason, (r.token_id,), lps)))
-                continue
-            events.append((seq.request_id, self._event(seq, (r.token_id,), lps)))
+            self.accept(seq, r, now, events)
         return events
+
+    def accept(self, seq: Sequence, r: SampleResult, now: float, events: Emitted) -> None:
+        """r's token is already the last of seq.token_ids: stop checks, then its event."""
+        if seq.first_token is None:
+            seq.first_token = now
+        reason = self._finish_reason(seq, r.token_id)
+        lps = (r.logprob,) if r.logprob is not None else None
+        if reason is not None:
+            self.seqs.pop(seq.request_id, None)
+            self.scheduler.finish(seq, keep_blocks=seq.hold_kv)
+            if seq.hold_kv:
+                self.handoffs[seq.request_id] = (seq, now + self.handoff_timeout)
+            events.append((seq.request_id, self._final_event(seq, reason, (r.token_id,), lps)))
+            return
+        events.append((seq.request_id, self._event(seq, (r.token_id,), lps)))
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         sp = seq.sampling

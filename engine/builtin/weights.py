@@ -39,7 +39,8 @@ def build_model(
 ) -> LlamaModel:
     t0 = time.perf_counter()
     with torch.device(device):
-        model = LlamaModel(cfg, max_positions)
+        # One spare position: the overlapped CUDA stepper may compute one token past the limit.
+        model = LlamaModel(cfg, max_positions + 1)
     model.to(dtype=dtype)
     model.rope.float()
     if dummy:
@@ -54,9 +55,20 @@ def build_model(
 
 @torch.no_grad()
 def _random_fill(model: LlamaModel, seed: int) -> None:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """N(0, 0.02) weights, norms at 1, drawn by a generator on the model's device (an 8B model
+    takes minutes on a CPU generator, well under a second on a GPU)."""
+    dev = model.embed_tokens.weight.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.fill_(1.0)
+        elif p.dtype == torch.float32:
+            p.normal_(0.0, 0.02, generator=gen)
         else:
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(0.02))
+            # Draw in float32 and round, a slice at a time, so no full float32 copy is held.
+            flat = p.view(-1)
+            step = 1 << 26
+            for i in range(0, flat.numel(), step):
+                part = flat[i : i + step]
+                buf = torch.empty(part.shape, dtype=torch.float32, device=dev)
+                part.copy_(buf.normal_(0.0, 0.02, generator=gen))

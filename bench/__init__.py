@@ -1,0 +1,1 @@
+"""Benchmarks: offline engine (bench.offline), OpenAI-API serving (bench.serve), make bench (bench.run)."""

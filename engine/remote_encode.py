@@ -1,0 +1,111 @@
+"""RemoteEncoder: a prefill or aggregated instance's client for sibling encode instances (EPD).
+
+Images go to a sibling's POST /internal/v1/encode as embed_wire "pixels" frames; the sibling
+streams back one "embeds" frame per image. Remote prefill's rules: least-outstanding sibling,
+a failed one skipped for --sibling-backoff seconds, any sibling error or timeout means "encode
+locally" (counted), and cancelling the caller cancels the HTTP request (the sibling sees the
+disconnect). Engine-agnostic: frames in, frames out, no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from engine.embed_wire import CONTENT_TYPE, EmbedWireError, Frame, decode_frames
+from engine.protocol import CALLER_AUTHORIZATION
+
+log = logging.getLogger(__name__)
+
+ENCODE_PATH = "/internal/v1/encode"
+OUTCOMES = ("remote", "local_fallback")
+
+
+@dataclass
+class _Sibling:
+    url: str
+    outstanding: int = 0
+    retry_at: float = 0.0
+
+
+@dataclass
+class RemoteEncodeStats:
+    outcomes: Counter[str] = field(default_factory=Counter)  # one of OUTCOMES per batch
+
+    def record(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+
+
+class RemoteEncoder:
+    def __init__(self, urls: Sequence[str], timeout: float, backoff: float) -> None:
+        self.siblings = [_Sibling(u.rstrip("/")) for u in urls]
+        self.timeout = timeout
+        self.backoff = backoff
+        self.stats = RemoteEncodeStats()
+        self._client: httpx.AsyncClient | None = None
+        self._turn = 0
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def encode(
+        self, pixel_frames: Sequence[bytes], hashes: Sequence[str], layout: str
+    ) -> list[Frame] | None:
+        """Embedding frames in image order, or None: encode locally (the fallback is counted)."""
+        sib = self._pick()
+        if sib is None:
+            self._fallback("no encode sibling is available")
+            return None
+        sib.outstanding += 1
+        try:
+            async with asyncio.timeout(self.timeout):
+                frames = await self._call(sib, pixel_frames, layout)
+            if [f.header.image_hash for f in frames] != list(hashes):
+                raise _BadReply("it answered for other images")
+        except (TimeoutError, httpx.HTTPError, EmbedWireError, _BadReply) as e:
+            sib.retry_at = time.monotonic() + self.backoff
+            self._fallback(f"encode sibling {sib.url} failed: {type(e).__name__}: {e}")
+            return None
+        finally:
+            sib.outstanding -= 1
+        self.stats.record("remote")
+        return frames
+
+    def _fallback(self, why: str) -> None:
+        log.warning("%s; encoding locally", why)
+        self.stats.record("local_fallback")
+
+    def _pick(self) -> _Sibling | None:
+        now = time.monotonic()
+        usable = [s for s in self.siblings if s.retry_at <= now]
+        if not usable:
+            return None
+        least = min(s.outstanding for s in usable)
+        tied = [s for s in usable if s.outstanding == least]
+        self._turn += 1
+        return tied[self._turn % len(tied)]
+
+    async def _call(self, sib: _Sibling, pixel_frames: Sequence[bytes], layout: str) -> list[Frame]:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout)
+        headers = {"Content-Type": CONTENT_TYPE}
+        if auth := CALLER_AUTHORIZATION.get():
+            headers["Authorization"] = auth
+        res = await self._client.post(
+            f"{sib.url}{ENCODE_PATH}", content=b"".join(pixel_frames), headers=headers
+        )
+        if res.status_code != 200:
+            raise _BadReply(f"answered {res.status_code}: {res.text[:200]}")
+        return list(decode_frames(res.content, "embeds", expected_layout=layout))
+
+
+class _BadReply(Exception):
+    pass
