@@ -12,6 +12,9 @@
     ├── EngineDeadError                503
     └── RemotePrefillFailedError       503
 
+    MediaError (multimodal/errors.py)  its own status_code: 400 refused image, 502 image host
+                                       failed (BadGatewayError), 504 fetch timed out
+
 Body: {"error": {"message", "type", "param", "code"}}. Validation errors are 400, never 422.
 """
 
@@ -35,6 +38,7 @@ from engine.protocol import (
     OverloadedError,
     RemotePrefillFailedError,
 )
+from multimodal import MediaError
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +102,20 @@ def as_gateway_error(exc: BaseException) -> GatewayError:
         return exc
     if isinstance(exc, EngineError):
         return from_engine_error(exc)
+    if isinstance(exc, MediaError):
+        return from_media_error(exc)
     return GatewayError("Internal server error")
+
+
+_MEDIA_ERROR_TYPES = {400: "BadRequestError", 502: "BadGatewayError", 504: "GatewayTimeoutError"}
+
+
+def from_media_error(exc: MediaError) -> GatewayError:
+    """An image that could not be loaded: 400 (refused), 502 (its host failed) or 504."""
+    err = GatewayError(exc.message, param=exc.param, code=exc.code)
+    err.status_code = exc.status_code
+    err.error_type = _MEDIA_ERROR_TYPES.get(exc.status_code, "BadRequestError")
+    return err
 
 
 def error_payload(exc: BaseException) -> dict[str, Any]:
@@ -172,6 +189,7 @@ def install_error_handlers(app: FastAPI, on_disconnect: Any = None) -> None:
 
     app.add_exception_handler(GatewayError, gateway_error)
     app.add_exception_handler(EngineError, gateway_error)
+    app.add_exception_handler(MediaError, gateway_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(ClientDisconnect, client_disconnect)

@@ -24,6 +24,7 @@ from engine.factory import create_engine
 from engine.protocol import Engine
 from engine.remote_prefill_stats import RemotePrefillStats
 from engine.tokenizer import Tokenizer
+from multimodal import MediaCache
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,13 @@ def create_lifespan(
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, State]]:
         eng = engine if engine is not None else create_engine(settings)
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
-            state = State(settings=settings, engine=eng, metrics=metrics, http=http)
+            state = State(
+                settings=settings,
+                engine=eng,
+                metrics=metrics,
+                http=http,
+                media_cache=MediaCache(settings.media_cache_bytes),
+            )
             drain.bind(state)
             loading = asyncio.create_task(_load(state), name="engine-load")
             try:

@@ -1,1 +1,1 @@
-"""Benchmarks: offline engine (bench.offline), OpenAI-API serving (bench.serve), make bench (bench.run)."""
+"""Benchmarks: offline engine (bench.offline), OpenAI serving (bench.serve), make bench (run)."""

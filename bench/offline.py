@@ -167,9 +167,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     engine = BuiltinEngine(settings)
     t0 = time.perf_counter()
     await engine.start()
-    report: dict[str, Any] = {"load_s": time.perf_counter() - t0, "settings": settings.model_dump(
-        include={"model", "load_format", "device", "dtype", "max_batch_size", "max_num_tokens",
-                 "block_size", "cuda_graphs", "enable_prefix_caching"})}
+    report: dict[str, Any] = {
+        "load_s": time.perf_counter() - t0,
+        "settings": settings.model_dump(
+            include={
+                "model",
+                "load_format",
+                "device",
+                "dtype",
+                "max_batch_size",
+                "max_num_tokens",
+                "block_size",
+                "cuda_graphs",
+                "enable_prefix_caching",
+            }
+        ),
+    }
     lm = engine._loaded
     assert lm is not None
     report["dtype"] = str(lm.dtype)
@@ -183,7 +196,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         if args.decode_latency:
             lat = await decode_latency(engine, args.input_len, args.latency_output_len)
             lat["roofline"] = roofline(engine, lat["context_mean"])
-            lat["fraction_of_roofline"] = lat["roofline"]["roofline_ms"] / lat["ms_per_token_median"]
+            lat["fraction_of_roofline"] = (
+                lat["roofline"]["roofline_ms"] / lat["ms_per_token_median"]
+            )
             report["decode_latency"] = lat
             print(json.dumps({"decode_latency": lat}), flush=True)
         runs = []

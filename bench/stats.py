@@ -1,4 +1,4 @@
-"""Summary statistics shared by the benchmarks: mean, median and percentiles (linear interpolation)."""
+"""Summary statistics for the benchmarks: mean and percentiles (linear interpolation)."""
 
 from __future__ import annotations
 

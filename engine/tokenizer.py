@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from engine.protocol import InvalidRequestError
 
@@ -33,6 +33,18 @@ def _byte_level_decoder() -> dict[str, int]:
             table[chr(256 + extra)] = b
             extra += 1
     return table
+
+
+ContentFormat = Literal["string", "openai"]
+# A template that iterates a message's content (vLLM detects the same from the Jinja AST).
+_ITERATES_CONTENT = re.compile(
+    r"for\s+\w+\s+in\s+\w+(\[['\"]content['\"]\]|\.content)|"
+    r"\w+(\[['\"]content['\"]\]|\.content)\s*\|\s*selectattr"
+)
+
+
+def content_format(chat_template: str) -> ContentFormat:
+    return "openai" if _ITERATES_CONTENT.search(chat_template) else "string"
 
 
 class Tokenizer:
@@ -62,6 +74,19 @@ class Tokenizer:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self._hf, "chat_template", None))
+
+    @property
+    def image_token(self) -> str | None:
+        """The text of the image placeholder token (LLaVA: "<image>"), if the vocab has one."""
+        token = getattr(self._hf, "image_token", None) or "<image>"
+        found = self._hf.convert_tokens_to_ids(token)
+        return str(token) if isinstance(found, int) and found != self._hf.unk_token_id else None
+
+    @property
+    def content_format(self) -> ContentFormat:
+        """How the chat template wants message content: "openai" (a list of typed parts,
+        images as {"type": "image"}) when it loops over the content, else "string"."""
+        return content_format(str(getattr(self._hf, "chat_template", None) or ""))
 
     def encode_chat(
         self,

@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.deps import Serving, ServingDep
+from app.deps import Serving, ServingDep, StateDep
 from app.errors import BadRequestError
+from app.state import State
 from engine.protocol import GenerateRequest
 from routers import generation as gen
+from routers.chat_images import load_images, template_messages
 from routers.render import ChoiceDelta, ChoiceRenderer, chat_logprobs
 from routers.schemas import (
     ChatCompletionChoice,
@@ -23,7 +24,6 @@ from routers.schemas import (
     ChatCompletionResponse,
     ChatLogprob,
     ChatLogprobs,
-    ChatMessage,
     ChatResponseMessage,
     DeltaMessage,
     PromptTokensDetails,
@@ -35,12 +35,12 @@ router = APIRouter(tags=["chat"])
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(
-    body: ChatCompletionRequest, request: Request, serving: ServingDep
+    body: ChatCompletionRequest, request: Request, serving: ServingDep, state: StateDep
 ) -> Response:
     arrival = time.monotonic()
     request_id = gen.new_request_id(request, "chatcmpl")
     return await gen.admitted(
-        request, serving, body.n, lambda: _chat(body, serving, request_id, arrival)
+        request, serving, body.n, lambda: _chat(body, serving, state, request_id, arrival)
     )
 
 
@@ -53,26 +53,6 @@ def _check(body: ChatCompletionRequest, serving: Serving) -> None:
     gen.check_logprobs(body.top_logprobs, "top_logprobs", serving.settings.max_logprobs)
     if body.response_format and body.response_format.get("type", "text") != "text":
         raise BadRequestError("response_format is not supported.", param="response_format")
-
-
-def _template_message(message: ChatMessage, index: int, supports_images: bool) -> dict[str, Any]:
-    """A message as chat templates expect it: text parts joined into one string."""
-    content = message.content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if part.type == "image_url":
-                reason = "images are not wired in yet" if supports_images else "no image input"
-                raise BadRequestError(
-                    f"This model takes {reason}.", param=f"messages[{index}].content"
-                )
-            texts.append(part.text or "")
-        content = "\n".join(texts)
-    out: dict[str, Any] = {**(message.model_extra or {}), "role": message.role}
-    out["content"] = content or ""
-    if message.name is not None:
-        out["name"] = message.name
-    return out
 
 
 class _ChatRun:
@@ -92,11 +72,14 @@ class _ChatRun:
 
     def usage(self) -> UsageInfo:
         completion = sum(r.completion_tokens for r in self.renderers)
+        # The engine's count once it has one: it expands image placeholders.
+        engine_prompt = (r.usage.prompt_tokens for r in self.renderers if r.usage)
+        prompt = max(engine_prompt, default=self.prompt_tokens)
         cached = max((r.usage.cached_tokens for r in self.renderers if r.usage), default=0)
         return UsageInfo(
-            prompt_tokens=self.prompt_tokens,
+            prompt_tokens=prompt,
             completion_tokens=completion,
-            total_tokens=self.prompt_tokens + completion,
+            total_tokens=prompt + completion,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
 
@@ -171,11 +154,11 @@ class _ChatRun:
 
 
 async def _chat(
-    body: ChatCompletionRequest, serving: Serving, request_id: str, arrival: float
+    body: ChatCompletionRequest, serving: Serving, state: State, request_id: str, arrival: float
 ) -> Response:
     _check(body, serving)
-    supports_images = serving.info.supports_images
-    messages = [_template_message(m, i, supports_images) for i, m in enumerate(body.messages)]
+    images = tuple(await load_images(body.messages, serving.info, state))
+    messages = template_messages(body.messages, serving.tokenizer)
     prompt = await asyncio.to_thread(
         serving.tokenizer.encode_chat,
         messages,
@@ -200,7 +183,7 @@ async def _chat(
             stop_token_ids=sampling.stop_token_ids,
         )
         run.renderers.append(renderer)
-        req = GenerateRequest(f"{request_id}-{i}", tuple(prompt), sampling)
+        req = GenerateRequest(f"{request_id}-{i}", tuple(prompt), sampling, images)
         choices.append(gen.Choice(i, req, renderer))
     items = gen.start(serving, choices, arrival)
     prelude = run.prelude()  # before the peek: role chunks report zero completion tokens

@@ -41,7 +41,7 @@ class AttentionMetadata:
 
 @dataclass(slots=True)
 class KernelPrefill:
-    """Packed prefill rows for the Triton kernel; row i of each tensor is one prefilling sequence."""
+    """Packed prefill rows for the Triton kernel; row i of each tensor is one prefilling seq."""
 
     block_tables: torch.Tensor  # [P, max_blocks] int32
     ctx_lens: torch.Tensor  # [P] int32, context after this step

@@ -52,7 +52,8 @@ class DecodeGraphs:
         self.logits = torch.zeros((n, model.cfg.vocab_size), dtype=torch.float32, device=dev)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self.splits = {
-            b: choose_splits(b, model.cfg.num_kv_heads, max_model_len, page, sms) for b in self.sizes
+            b: choose_splits(b, model.cfg.num_kv_heads, max_model_len, page, sms)
+            for b in self.sizes
         }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 

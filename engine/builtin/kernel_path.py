@@ -21,6 +21,7 @@ from engine.builtin.kernels.prefill_attention import prefill_tiles
 from engine.builtin.model import LlamaModel
 from engine.builtin.runner import StepOutput
 from engine.builtin.scheduler import ScheduledChunk
+from engine.builtin.vision.placement import image_embeds_for, touches_images
 
 PromptLogprobsFn = Callable[[ScheduledChunk, torch.Tensor], None]
 
@@ -115,11 +116,14 @@ class KernelPath:
             if c.seq.sampling.prompt_logprobs is not None and not c.seq.prompt_logprobs_done:
                 wants_prompt_lps = True
         nd = len(d_tables)
+        has_images = touches_images(ordered)  # a 1-token prefill chunk may land on an image
         placeholders = min(ids) < 0
         g = self.graphs
         bucket = g.bucket(nd) if g is not None and nd == len(ordered) else None
-        if g is not None and bucket is not None and not wants_prompt_lps:
-            logits = self._replay(g, bucket, ids, pos, slots, d_tables, prev if placeholders else None)
+        if g is not None and bucket is not None and not wants_prompt_lps and not has_images:
+            logits = self._replay(
+                g, bucket, ids, pos, slots, d_tables, prev if placeholders else None
+            )
             if rows != list(range(nd)):
                 logits = logits[self._up(rows, torch.long)]
             return StepOutput(sample_chunks, logits)
@@ -142,7 +146,8 @@ class KernelPath:
                 q_lens=self._up(pf_len, torch.int32),
                 tiles=self._up(prefill_tiles(list(range(n)), pf_len), torch.int32),
             )
-        hidden = self.model(input_ids, self._up(pos, torch.long), self.kv_caches, meta)
+        embeds = image_embeds_for(self.model.embed_tokens, ordered, input_ids)  # LLaVA prompts
+        hidden = self.model(input_ids, self._up(pos, torch.long), self.kv_caches, meta, embeds)
         if wants_prompt_lps:
             offset = 0
             for c in ordered:

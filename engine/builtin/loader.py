@@ -46,9 +46,21 @@ def pick_device(name: str) -> torch.device:
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA; on CPU bf16 where the CPU has native bf16 dot products (AVX512-BF16
+    or AMX), which ran faster than fp32 at batch 1, 8 and 32 (docs/benchmarks.md), else fp32."""
     if name != "auto":
         return _DTYPES[name]
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def load(settings: Settings) -> LoadedModel:
@@ -83,7 +95,15 @@ def load(settings: Settings) -> LoadedModel:
     kv_caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
     log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs, kv.nbytes / 2**30)
     blocks = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
-    runner = ModelRunner(model, kv_caches, bs, device)
+    runner = ModelRunner(
+        model,
+        kv_caches,
+        bs,
+        device,
+        max_model_len=max_len,
+        max_batch_size=settings.max_batch_size,
+        cuda_graphs=settings.cuda_graphs,
+    )
     layout = f"{cfg.model_type}:{cfg.num_layers}x{cfg.num_kv_heads}x{cfg.head_dim}:{dtype}:bs{bs}"
     vision = load_encoder(model_dir, dtype, device) if is_vision_checkpoint(model_dir) else None
     return LoadedModel(
@@ -99,7 +119,11 @@ def _num_blocks(
     block_bytes = cfg.kv_elems_per_token * settings.block_size * dtype.itemsize
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        budget = int(free * settings.kv_cache_fraction)
+        # Keep room for activations, decode-graph logits and sampling beside the cache.
+        rows = min(settings.max_batch_size, 512) + settings.max_num_tokens // 8
+        reserve = (1 << 30) + 3 * rows * cfg.vocab_size * 4
+        reserve += settings.max_num_tokens * (3 * cfg.intermediate_size + 8 * cfg.hidden_size) * 4
+        budget = int(min(free * settings.kv_cache_fraction, free - reserve))
     else:
         budget = int(CPU_KV_BUDGET_BYTES * settings.kv_cache_fraction)
     return max(2, budget // block_bytes)

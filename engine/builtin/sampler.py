@@ -112,12 +112,14 @@ class Sampler:
             temps.append(temp)
             keys.append(row_key(seq.generator.initial_seed(), seq.output_len))
         dev = logits.device
-        t_temps = torch.tensor(temps, dtype=torch.float32, pin_memory=True).to(dev, non_blocking=True)
+        t_temps = torch.tensor(temps, dtype=torch.float32, pin_memory=True).to(
+            dev, non_blocking=True
+        )
         t_keys = torch.tensor(keys, dtype=torch.int64, pin_memory=True).to(dev, non_blocking=True)
         token_ids = sample(logits, t_temps, t_keys)
         host = torch.empty(len(seqs), dtype=torch.int64, pin_memory=True)
         host.copy_(token_ids, non_blocking=True)
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record()
         ks = [s.sampling.logprobs for s in seqs] if want_lp else []
         return PendingSample(token_ids, host, ready, raw_lp, ks)

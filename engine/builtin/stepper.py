@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from engine.builtin.kv_transfer import export_kv, import_kv, slots_for
 from engine.builtin.overlap import OverlapPipeline
-from engine.builtin.sampler import SampleResult, Sampler
+from engine.builtin.sampler import Sampler, SampleResult
 from engine.builtin.scheduler import Scheduler
 from engine.builtin.sequence import Sequence, Status
 from engine.protocol import FinishReason, Timings, TokenEvent, TokenLogprob, Usage

@@ -68,7 +68,13 @@ def hf_greedy(model_dir: Path, ids: list[int], pils: list[Any], embeds_len: list
 
 def engine_overrides(model_dir: Path, **kw: Any) -> dict[str, Any]:
     # A 16-token step budget splits the prompt mid-image: chunked prefill takes image slices.
-    return {"model": str(model_dir), "num_kv_blocks": 128, "block_size": 4, "max_num_tokens": 16, **kw}
+    return {
+        "model": str(model_dir),
+        "num_kv_blocks": 128,
+        "block_size": 4,
+        "max_num_tokens": 16,
+        **kw,
+    }
 
 
 async def test_greedy_matches_transformers(tiny: Path, make_engine: EngineFactory) -> None:
@@ -78,7 +84,9 @@ async def test_greedy_matches_transformers(tiny: Path, make_engine: EngineFactor
     cases = [[pils[0]], [pils[1]], [pils[2], pils[0]]]  # one image each, then two in one prompt
     for i, case in enumerate(cases):
         ids = chat_ids(tiny, len(case))
-        req = GenerateRequest(f"r{i}", tuple(ids), greedy(MAX_TOKENS, ignore_eos=True), images(*case))
+        req = GenerateRequest(
+            f"r{i}", tuple(ids), greedy(MAX_TOKENS, ignore_eos=True), images(*case)
+        )
         events = await collect(engine, req)
         ours = [t for ev in events for t in ev.token_ids]
         assert engine._vision is not None
@@ -134,7 +142,9 @@ async def test_max_tokens_capped_by_expanded_prompt(
     engine = await make_engine(**engine_overrides(llava_dir, max_model_len=48))
     ids = chat_ids(llava_dir, 1)  # 11 tokens, 26 once the image is expanded
     sp = greedy(48 - len(ids), ignore_eos=True)  # what the gateway sizes on the raw prompt
-    events = await collect(engine, GenerateRequest("cap", tuple(ids), sp, images(sample_images()[0])))
+    events = await collect(
+        engine, GenerateRequest("cap", tuple(ids), sp, images(sample_images()[0]))
+    )
     usage = events[-1].usage
     assert usage is not None and usage.prompt_tokens + usage.completion_tokens == 48
     assert events[-1].finish_reason == "length"

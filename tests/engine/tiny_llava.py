@@ -48,7 +48,9 @@ def build_tokenizer() -> Any:
     return hf
 
 
-def build_tiny_llava(path: Path, kind: Literal["llava", "llava_next"] = "llava", seed: int = 0) -> Path:
+def build_tiny_llava(
+    path: Path, kind: Literal["llava", "llava_next"] = "llava", seed: int = 0
+) -> Path:
     """Save a random tiny LLaVA (or llava-v1.6 "anyres") checkpoint under path; returns path."""
     import torch
     from transformers import CLIPVisionConfig, LlamaConfig

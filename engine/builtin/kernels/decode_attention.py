@@ -73,9 +73,11 @@ def _decode_split_kernel(
         slot = page.to(tl.int64) * PAGE + t % PAGE
         kv_mask = tmask[:, None] & dmask[None, :]
         k = tl.load(
-            k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0
+            k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
         )
-        if IEEE:
+        if IEEE:  # noqa: SIM108 (a constexpr branch)
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
@@ -85,7 +87,9 @@ def _decode_split_kernel(
         p = tl.exp2(s - m_new[:, None])
         den = den * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0
+            v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
         )
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -131,7 +135,9 @@ def _decode_reduce_kernel(
     o = tl.load(mid_o_ptr + (base + s)[:, None] * D_PAD + d[None, :], mask=live[:, None], other=0.0)
     out = tl.sum(w[:, None] * o, 0) / tl.maximum(tl.sum(w, 0), 1e-30)
     tl.store(
-        out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM
+        out_ptr + b * stride_ob + h * stride_oh + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d < HEAD_DIM,
     )
 
 

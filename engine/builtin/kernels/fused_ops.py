@@ -31,7 +31,9 @@ def _rmsnorm_kernel(
     mask = c < n
     x = tl.load(x_ptr + row * stride_x + c, mask=mask, other=0.0)
     if ADD:
-        r = (x.to(tl.float32) + tl.load(res_ptr + row * stride_r + c, mask=mask, other=0.0).to(tl.float32))
+        r = x.to(tl.float32) + tl.load(res_ptr + row * stride_r + c, mask=mask, other=0.0).to(
+            tl.float32
+        )
         r = r.to(x.dtype)
         tl.store(res_ptr + row * stride_r + c, r, mask=mask)
         xf = r.to(tl.float32)

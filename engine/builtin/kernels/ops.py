@@ -21,7 +21,11 @@ class KernelOps:
         self.page = page
 
     def rms_norm(
-        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return rms_norm(x, weight, eps, residual)
 

@@ -76,9 +76,11 @@ def _prefill_kernel(
         slot = page.to(tl.int64) * PAGE + t % PAGE
         kv_mask = tmask[:, None] & dmask[None, :]
         k = tl.load(
-            k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_mask, other=0.0
+            k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
         )
-        if IEEE:
+        if IEEE:  # noqa: SIM108 (a constexpr branch)
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
@@ -89,7 +91,9 @@ def _prefill_kernel(
         p = tl.exp2(s - m_new[:, None])
         den = den * alpha + tl.sum(p, 1)
         v = tl.load(
-            v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0
+            v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+            mask=kv_mask,
+            other=0.0,
         )
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")

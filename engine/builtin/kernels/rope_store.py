@@ -80,7 +80,7 @@ def rope_and_store(
     num_kv_heads: int,
     head_dim: int,
 ) -> torch.Tensor:
-    """qkv: [T, (Hq + 2 Hk) D], contiguous rows. Returns the rotated queries as a [T, Hq, D] view."""
+    """qkv: [T, (Hq + 2 Hk) D], unit last stride. Returns the rotated queries, [T, Hq, D]."""
     t = qkv.shape[0]
     assert qkv.stride(1) == 1 and cos.stride(1) == 1
     if t:

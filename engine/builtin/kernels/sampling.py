@@ -53,7 +53,7 @@ def _sample_kernel(
 
 
 def sample(logits: torch.Tensor, temps: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """logits: [R, V] float32; temps: [R] float32 (0 = greedy); keys: [R] int64. Returns [R] int64."""
+    """logits: [R, V] float32; temps: [R] (0 = greedy); keys: [R] int64. Returns [R] int64."""
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:

@@ -55,6 +55,16 @@ def expand_prompt(
     return out, tuple(placed)
 
 
+def touches_images(chunks: Sequence[ScheduledChunk]) -> bool:
+    """Whether any chunk of the step covers an image position."""
+    for c in chunks:
+        end = c.start + c.length
+        for img in c.seq.images:
+            if isinstance(img, PlacedImage) and img.start < end and c.start < img.end:
+                return True
+    return False
+
+
 def image_embeds_for(
     embed_tokens: torch.nn.Module, chunks: Sequence[ScheduledChunk], input_ids: torch.Tensor
 ) -> torch.Tensor | None:

@@ -1,0 +1,48 @@
+"""Helpers for the operations api tests: an app with extra settings, run under its lifespan."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from app.drain import Drain
+from app.main import create_app
+from app.state import State
+from config.settings import Settings
+from engine.fake import FakeEngine
+from tests.conftest import MODEL, wait_ready
+
+CHAT: dict[str, Any] = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 8,
+}
+
+
+def drain_of(app: FastAPI) -> Drain:
+    drain: Drain = app.state.drain
+    return drain
+
+
+def state_of(app: FastAPI) -> State:
+    state = drain_of(app).state
+    assert state is not None
+    return state
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    settings: Settings, engine: FakeEngine, **overrides: Any
+) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """create_app with `overrides` applied (and validated); yields the app and a ready client."""
+    app = create_app(Settings(**{**settings.model_dump(), **overrides}), engine=engine)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            await wait_ready(client)
+            yield app, client

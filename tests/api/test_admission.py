@@ -1,0 +1,99 @@
+"""Admission control: --max-queued-requests past --max-batch-size gives 503 + Retry-After before
+any work, and every exit path (success, error, validation failure) gives the slot back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from config.settings import Settings
+from engine.fake import FakeEngine
+from engine.protocol import OverloadedError
+from tests.api.ops_helpers import CHAT, drain_of, serve
+
+
+async def test_full_queue_is_503_before_any_work(
+    settings: Settings, fake_engine: FakeEngine
+) -> None:
+    fake_engine.delay_s = 0.02
+    async with serve(settings, fake_engine, max_batch_size=1, max_queued_requests=1) as (
+        app,
+        client,
+    ):
+        admission = drain_of(app).admission
+        held = [
+            asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": s}))
+            for s in (True, False)
+        ]
+        async with asyncio.timeout(5):
+            while admission.in_flight < 2:
+                await asyncio.sleep(0.005)
+        seen = len(fake_engine.requests)
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 503
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "queue_full"
+        assert r.json()["error"]["type"] == "ServiceUnavailableError"
+        r = await client.post("/v1/completions", json={"model": "tiny-model", "prompt": "hi"})
+        assert r.status_code == 503
+        assert len(fake_engine.requests) == seen  # refused before reaching the engine
+        assert all(r.status_code == 200 for r in await asyncio.gather(*held))
+        assert admission.in_flight == 0
+        metrics = (await client.get("/metrics")).text
+        assert "trtllm_gateway:num_requests_in_flight 0.0" in metrics
+        assert "trtllm_gateway:num_requests_queued 0.0" in metrics
+        assert 'trtllm_gateway:admission_rejected_total{reason="queue_full"} 2.0' in metrics
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+
+async def test_n_counts_as_engine_requests(settings: Settings, fake_engine: FakeEngine) -> None:
+    fake_engine.delay_s = 0.02
+    async with serve(settings, fake_engine, max_batch_size=1, max_queued_requests=1) as (
+        app,
+        client,
+    ):
+        admission = drain_of(app).admission
+        first = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+        async with asyncio.timeout(5):
+            while admission.in_flight < 1:
+                await asyncio.sleep(0.005)
+        r = await client.post("/v1/chat/completions", json={**CHAT, "n": 2})
+        assert r.status_code == 503
+        batch = {"model": "tiny-model", "prompt": ["a", "b"], "max_tokens": 2}
+        assert (await client.post("/v1/completions", json=batch)).status_code == 503
+        assert (await first).status_code == 200
+        # Alone, a request larger than the limit is still served.
+        assert (await client.post("/v1/chat/completions", json={**CHAT, "n": 3})).status_code == 200
+        assert admission.in_flight == 0
+
+
+async def test_every_exit_path_releases(settings: Settings, fake_engine: FakeEngine) -> None:
+    async with serve(settings, fake_engine, max_batch_size=1, max_queued_requests=0) as (
+        app,
+        client,
+    ):
+        admission = drain_of(app).admission
+        bad = {**CHAT, "top_logprobs": 2}  # 400 from the route's checks, after admission
+        assert (await client.post("/v1/chat/completions", json=bad)).status_code == 400
+        too_long = {**CHAT, "max_tokens": 10_000}
+        assert (await client.post("/v1/chat/completions", json=too_long)).status_code == 400
+        fake_engine.fail_on_generate = OverloadedError("busy")
+        for stream in (False, True):
+            r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+            assert r.status_code == 503
+        fake_engine.fail_on_generate = None
+        fake_engine.fail_after_tokens = 2  # fails mid-stream: error frame, then [DONE]
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert r.status_code == 200
+        assert '"error"' in r.text
+        assert admission.in_flight == 0
+        fake_engine.fail_after_tokens = None
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+
+async def test_unlimited_by_default(client: httpx.AsyncClient) -> None:
+    results = await asyncio.gather(
+        *(client.post("/v1/chat/completions", json=CHAT) for _ in range(8))
+    )
+    assert [r.status_code for r in results] == [200] * 8
