@@ -12,7 +12,7 @@ from app.metrics import GatewayMetrics
 from config.settings import Settings
 from engine.protocol import Engine, EngineHealth
 from engine.tokenizer import Tokenizer
-from multimodal import MediaCache, MediaMetrics
+from multimodal import MediaCache
 
 
 @dataclass
@@ -24,9 +24,8 @@ class State:
     tokenizer: Tokenizer | None = None
     start_error: str | None = None
     draining: bool = False
-    # Decoded images by content hash, and image-loading counters (multimodal/).
+    # Decoded images by content hash (multimodal/); its counters are metrics.media.
     media_cache: MediaCache = field(default_factory=lambda: MediaCache(0))
-    media_metrics: MediaMetrics = field(default_factory=MediaMetrics)
     _model_name: str | None = field(default=None, repr=False)
     _stopping: asyncio.Future[None] | None = field(default=None, repr=False)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import random
 import statistics
 import time
@@ -158,6 +159,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-latency", action="store_true", help="also time batch-1 decode")
     p.add_argument("--latency-output-len", type=int, default=256)
     p.add_argument("--warmup", type=int, default=1, help="warm-up requests before timing")
+    p.add_argument("--fit-batch", action="store_true", help="cap running seqs to the KV cache")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -201,8 +203,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             )
             report["decode_latency"] = lat
             print(json.dumps({"decode_latency": lat}), flush=True)
+        if args.fit_batch:
+            # Admit no more sequences than fit at full length: no preemption (recompute) churn.
+            st = engine._stepper
+            assert st is not None
+            fit = report["kv_tokens"] // (args.input_len + args.output_len + lm.blocks.block_size)
+            st.scheduler.max_batch_size = max(1, min(st.scheduler.max_batch_size, fit))
+            report["max_running"] = st.scheduler.max_batch_size
         runs = []
-        for conc in args.concurrency:
+        for conc in args.concurrency if args.num_prompts else []:
             prompts = random_prompts(args.num_prompts, args.input_len, vocab, args.seed)
             c = conc or args.num_prompts
             r = await run_load(engine, prompts, args.output_len, c, args.temperature)
@@ -218,6 +227,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parser().parse_args()
     report = asyncio.run(main_async(args))
     print(json.dumps(report))

@@ -21,6 +21,10 @@ def create_engine(settings: Settings) -> Engine:
 
 
 def _create_local(settings: Settings) -> Engine:
+    if settings.engine == "builtin" and settings.mode == "encode":
+        from engine.builtin.vision.encode_engine import EncodeEngine
+
+        return EncodeEngine(settings)
     if settings.engine == "builtin":
         from engine.builtin.engine import BuiltinEngine
 

@@ -17,7 +17,7 @@ from engine.tokenizer import Tokenizer
 from multimodal import count_images, load_chat_images
 from routers.schemas import ChatMessage
 
-NO_IMAGES = "This model does not accept images (model does not accept images)."
+NO_IMAGES = "This model does not accept images."
 
 
 async def load_images(
@@ -38,7 +38,7 @@ async def load_images(
         client=state.http,
         settings=state.settings,
         cache=state.media_cache,
-        metrics=state.media_metrics,
+        metrics=state.metrics.media,
     )
 
 

@@ -105,7 +105,9 @@ def load(settings: Settings) -> LoadedModel:
         cuda_graphs=settings.cuda_graphs,
     )
     layout = f"{cfg.model_type}:{cfg.num_layers}x{cfg.num_kv_heads}x{cfg.head_dim}:{dtype}:bs{bs}"
-    vision = load_encoder(model_dir, dtype, device) if is_vision_checkpoint(model_dir) else None
+    vision = None
+    if model_dir is not None and is_vision_checkpoint(model_dir):
+        vision = load_encoder(model_dir, dtype, device)
     return LoadedModel(
         cfg, model, model_dir, device, dtype, blocks, runner, max_len, layout, vision
     )

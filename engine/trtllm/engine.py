@@ -35,10 +35,12 @@ from engine.protocol import (
     Timings,
     TokenEvent,
 )
+from engine.tokenizer import Tokenizer
 from engine.trtllm import disagg
 from engine.trtllm.llm_args import create_llm_kwargs, select_llm_class
 from engine.trtllm.loader import import_llmapi, import_trtllm
 from engine.trtllm.model_info import read_engine_info
+from engine.trtllm.multimodal import text_prompt
 from engine.trtllm.outputs import map_logprobs, step_event
 from engine.trtllm.sampling import to_trtllm_sampling
 from engine.trtllm.stats import StatsPoller
@@ -76,6 +78,7 @@ class TrtllmEngine:
         self._results: dict[str, Any] = {}
         self._drains: set[asyncio.Task[None]] = set()
         self._stats: StatsPoller | None = None
+        self._text_tokenizer: Tokenizer | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -278,7 +281,8 @@ class TrtllmEngine:
             raise InvalidRequestError(f"request_id {req.request_id!r} is already running")
         inputs: dict[str, Any] = {"prompt_token_ids": list(req.prompt_token_ids)}
         if req.images:
-            inputs["multi_modal_data"] = {"image": [image.payload for image in req.images]}
+            inputs = self._mm_inputs(req)
+            sp.add_special_tokens = False  # the decoded prompt already has them
         try:
             result = self._llm.generate_async(
                 inputs, sampling_params=sp, streaming=streaming, disaggregated_params=params
@@ -319,6 +323,7 @@ class TrtllmEngine:
     async def _encode(self, req: GenerateRequest) -> PrefillResult:
         if not req.images:
             raise InvalidRequestError("an encode request needs at least one image")
+        # The encoder only embeds the images; the prompt ids ride along as TensorRT-LLM takes them.
         inputs = {
             "prompt_token_ids": list(req.prompt_token_ids),
             "multi_modal_data": {"image": [image.payload for image in req.images]},
@@ -336,6 +341,14 @@ class TrtllmEngine:
             prompt_tokens=len(req.prompt_token_ids),
             cached_tokens=0,
             opaque_state=disagg.pack_encoder(out.disaggregated_params, out.mm_embedding_handle),
+        )
+
+    def _mm_inputs(self, req: GenerateRequest) -> dict[str, Any]:
+        """TextPrompt with the images (engine.trtllm.multimodal); the tokenizer loads once."""
+        if self._text_tokenizer is None:
+            self._text_tokenizer = Tokenizer.from_dir(self.tokenizer_dir)
+        return text_prompt(
+            req.prompt_token_ids, [i.payload for i in req.images], self._text_tokenizer
         )
 
     def _abort_and_drain(self, request_id: str, result: Any) -> None:

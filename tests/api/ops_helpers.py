@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -46,3 +47,9 @@ async def serve(
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             await wait_ready(client)
             yield app, client
+
+
+async def wait_until(predicate: Callable[[], bool], limit_s: float = 5.0) -> None:
+    async with asyncio.timeout(limit_s):
+        while not predicate():  # noqa: ASYNC110 - polls a plain counter
+            await asyncio.sleep(0.005)

@@ -10,7 +10,7 @@ import httpx
 from config.settings import Settings
 from engine.fake import FakeEngine
 from engine.protocol import OverloadedError
-from tests.api.ops_helpers import CHAT, drain_of, serve
+from tests.api.ops_helpers import CHAT, drain_of, serve, wait_until
 
 
 async def test_full_queue_is_503_before_any_work(
@@ -22,13 +22,12 @@ async def test_full_queue_is_503_before_any_work(
         client,
     ):
         admission = drain_of(app).admission
+        long = {**CHAT, "max_tokens": 60, "ignore_eos": True}  # ~1.2 s each
         held = [
-            asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": s}))
+            asyncio.create_task(client.post("/v1/chat/completions", json={**long, "stream": s}))
             for s in (True, False)
         ]
-        async with asyncio.timeout(5):
-            while admission.in_flight < 2:
-                await asyncio.sleep(0.005)
+        await wait_until(lambda: len(fake_engine.requests) >= 2)  # both admitted and running
         seen = len(fake_engine.requests)
         r = await client.post("/v1/chat/completions", json=CHAT)
         assert r.status_code == 503
@@ -55,9 +54,7 @@ async def test_n_counts_as_engine_requests(settings: Settings, fake_engine: Fake
     ):
         admission = drain_of(app).admission
         first = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
-        async with asyncio.timeout(5):
-            while admission.in_flight < 1:
-                await asyncio.sleep(0.005)
+        await wait_until(lambda: admission.in_flight >= 1)
         r = await client.post("/v1/chat/completions", json={**CHAT, "n": 2})
         assert r.status_code == 503
         batch = {"model": "tiny-model", "prompt": ["a", "b"], "max_tokens": 2}

@@ -8,7 +8,7 @@ import json
 
 from config.settings import Settings
 from engine.fake import FakeEngine
-from tests.api.ops_helpers import CHAT, drain_of, serve
+from tests.api.ops_helpers import CHAT, drain_of, serve, wait_until
 
 LONG = {**CHAT, "stream": True, "max_tokens": 200, "ignore_eos": True}
 
@@ -30,9 +30,7 @@ async def test_drain_lets_streams_finish(settings: Settings, fake_engine: FakeEn
         streams = [
             asyncio.create_task(client.post("/v1/chat/completions", json=LONG)) for _ in range(3)
         ]
-        async with asyncio.timeout(5):
-            while drain.admission.in_flight < 3:
-                await asyncio.sleep(0.005)
+        await wait_until(lambda: drain.admission.in_flight >= 3)
         drain.begin()
         health = await client.get("/health")
         assert health.status_code == 503
@@ -57,9 +55,7 @@ async def test_zero_timeout_aborts(settings: Settings, fake_engine: FakeEngine) 
         nonstream = asyncio.create_task(
             client.post("/v1/chat/completions", json={**LONG, "stream": False})
         )
-        async with asyncio.timeout(5):
-            while drain.admission.in_flight < 4:
-                await asyncio.sleep(0.005)
+        await wait_until(lambda: drain.admission.in_flight >= 4)
         async with asyncio.timeout(5):
             await drain.run()
         for r in await asyncio.gather(*streams):

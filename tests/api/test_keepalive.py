@@ -55,7 +55,9 @@ async def test_late_failure_is_an_error_frame(settings: Settings, fake_engine: F
     fake_engine.fail_after_tokens = 0
     fake_engine.fail_with = EngineDeadError("gone")
     async with serve(settings, fake_engine, sse_keepalive_interval=0.1) as (_, client):
-        r = await client.post("/v1/completions", json={"model": "tiny-model", "prompt": "hi", "stream": True})
+        r = await client.post(
+            "/v1/completions", json={"model": "tiny-model", "prompt": "hi", "stream": True}
+        )
         assert r.status_code == 200
         parts = [b for b in blocks(r.text) if not b.startswith(":")]
         assert data(parts[-2])["error"]["code"] == "engine_dead"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +22,12 @@ PROMPTS = ["What is the capital of France?", "Name three colors.", "What is 12 t
 
 
 def chat(prompt: str, **kw: object) -> dict[str, object]:
+    # The prompt leads the system text so that prompts differ from their first block on, and the
+    # decode instance's prefix cache does not turn a new prompt into a short local prefill.
     return {
         "model": MODEL,
         "messages": [
-            {"role": "system", "content": LONG_SYSTEM},
+            {"role": "system", "content": f"Topic: {prompt}\n{LONG_SYSTEM}"},
             {"role": "user", "content": prompt},
         ],
         "temperature": 0,
@@ -59,8 +63,6 @@ def _stream_text(url: str, payload: dict) -> str:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                import json
-
                 for ch in json.loads(line[6:])["choices"]:
                     text += ch["delta"].get("content") or ""
     return text
@@ -82,9 +84,10 @@ def test_remote_prefill_matches_aggregated(server: Server, decode: Server) -> No
         assert dis_text == agg_text
         assert len(dis_lp) == len(agg_lp)
         assert max(abs(a - b) for a, b in zip(agg_lp, dis_lp, strict=True)) < 1e-4
+        # Asked again, the prompt is in the decode instance's prefix cache: prefilled locally.
         assert _stream_text(decode.url, chat(p, stream=True)) == agg_text
     after = decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="remote"')
-    assert after - before == 2 * len(PROMPTS)
+    assert after - before == len(PROMPTS)
     assert decode.metric("trtllm_gateway:kv_transfer_bytes_total") > 0
 
 
@@ -121,10 +124,8 @@ def test_disconnect_during_decode_frees_both(prefill: Server, decode: Server) ->
 def test_disconnect_during_remote_prefill_frees_both(prefill: Server, decode: Server) -> None:
     long_prompt = "Summarize: " + "the quick brown fox jumps over the lazy dog. " * 300
     payload = chat(long_prompt, max_tokens=2000, ignore_eos=True)
-    try:
+    with contextlib.suppress(httpx.ReadTimeout):
         httpx.post(f"{decode.url}/v1/chat/completions", json=payload, timeout=0.3)
-    except httpx.ReadTimeout:
-        pass
     assert _idle(decode) and _idle(prefill)
 
 
@@ -158,7 +159,9 @@ def test_dead_sibling_falls_back_or_503(log_dir: Path) -> None:
     try:
         r = httpx.post(f"{lenient.url}/v1/chat/completions", json=chat(PROMPTS[0]), timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
-        assert lenient.metric("trtllm_gateway:remote_prefill_total", 'outcome="local_fallback"') == 1
+        assert (
+            lenient.metric("trtllm_gateway:remote_prefill_total", 'outcome="local_fallback"') == 1
+        )
         r = httpx.post(f"{strict.url}/v1/chat/completions", json=chat(PROMPTS[0]), timeout=60)
         assert r.status_code == 503
         assert r.json()["error"]["message"]
@@ -171,7 +174,9 @@ def test_sibling_killed_mid_run_requests_complete(prefill: Server, decode: Serve
     """Runs last in this module: it kills the prefill instance while requests are in flight."""
     import concurrent.futures
 
-    payloads = [chat(f"{p} Explain in detail.", max_tokens=40) for p in PROMPTS * 2]
+    payloads = [
+        chat(f"{i}: {p} Explain in detail.", max_tokens=40) for i, p in enumerate(PROMPTS * 2)
+    ]
     with concurrent.futures.ThreadPoolExecutor(len(payloads)) as pool:
         futures = [
             pool.submit(httpx.post, f"{decode.url}/v1/chat/completions", json=p, timeout=120)

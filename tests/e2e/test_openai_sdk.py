@@ -55,7 +55,9 @@ def test_chat_non_streaming_answers(client: openai.OpenAI, engine_kind: str) -> 
 
 
 def test_chat_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
-    full = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=80)
+    full = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=80
+    )
     stream = client.chat.completions.create(
         model=MODEL,
         messages=QUESTION,
@@ -68,7 +70,9 @@ def test_chat_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finish == ["stop"]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens  # type: ignore[union-attr]
@@ -101,9 +105,13 @@ def test_n2_gives_two_indexed_choices(client: openai.OpenAI) -> None:
 
 
 def test_stop_strings(client: openai.OpenAI) -> None:
-    base = client.completions.create(
-        model=MODEL, prompt="Count: 1, 2, 3,", max_tokens=20, temperature=0
-    ).choices[0].text
+    base = (
+        client.completions.create(
+            model=MODEL, prompt="Count: 1, 2, 3,", max_tokens=20, temperature=0
+        )
+        .choices[0]
+        .text
+    )
     stop = base.strip()[:3].strip() or base[:2]
     cut = client.completions.create(
         model=MODEL, prompt="Count: 1, 2, 3,", max_tokens=20, temperature=0, stop=[stop]

@@ -38,9 +38,9 @@ def pack_anyres(
             out.append(torch.cat((feats[0], newline[None].to(feats)), dim=0))
             continue
         base, grid = feats[0], feats[1:]
-        rows, cols = get_anyres_image_grid_shape(size, pinpoints, enc.patch_grid)
+        rows, cols = get_anyres_image_grid_shape(size, pinpoints, enc.patch_grid)  # type: ignore[no-untyped-call]
         grid = grid.view(rows, cols, side, side, -1).permute(4, 0, 2, 1, 3).contiguous()
-        grid = unpad_image(grid.flatten(1, 2).flatten(2, 3), size)
+        grid = unpad_image(grid.flatten(1, 2).flatten(2, 3), size)  # type: ignore[no-untyped-call]
         ends = newline[:, None, None].expand(*grid.shape[:-1], 1).to(grid)
         grid = torch.cat((grid, ends), dim=-1).flatten(1, 2).transpose(0, 1)
         out.append(torch.cat((base, grid), dim=0))

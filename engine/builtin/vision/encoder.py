@@ -34,7 +34,7 @@ class VisionEncoder(nn.Module):
         self.processor = processor
         self.patch_grid = hf_config.vision_config.image_size  # llava_next tile size, in pixels
         self.patch_size = hf_config.vision_config.patch_size
-        self.vision_tower = AutoModel.from_config(hf_config.vision_config)
+        self.vision_tower = AutoModel.from_config(hf_config.vision_config)  # type: ignore[no-untyped-call]
         self.multi_modal_projector = LlavaMultiModalProjector(hf_config)
         self.image_newline: nn.Parameter | None = None
         if spec.kind == "llava_next":
@@ -118,7 +118,7 @@ def load_encoder(model_dir: Path, dtype: torch.dtype, device: torch.device) -> V
     spec = read_spec(model_dir)
     hf_config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     # The PIL backend: exact, and needs no torchvision.
-    processor = AutoImageProcessor.from_pretrained(
+    processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
         str(model_dir), local_files_only=True, backend="pil"
     )
     with torch.device(device):

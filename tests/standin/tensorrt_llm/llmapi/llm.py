@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -97,7 +98,7 @@ class LLM:
     ) -> RequestOutput:
         if self._shutdown:
             raise RuntimeError("LLM is shutting down")
-        prompt_token_ids = _prompt_token_ids(inputs)
+        prompt_token_ids = _prompt_token_ids(inputs, self._vocab_size)
         sp = sampling_params if sampling_params is not None else SamplingParams()
         if sp.end_id is None:
             if self._eos is None:
@@ -251,14 +252,29 @@ class LLM:
         self._active.pop(res.request_id, None)
 
 
-def _prompt_token_ids(inputs: Any) -> list[int]:
+def _prompt_token_ids(inputs: Any, vocab: int) -> list[int]:
     if isinstance(inputs, str):
         raise ValueError("the stand-in has no tokenizer: pass prompt_token_ids")
+    if isinstance(inputs, dict) and "prompt" in inputs and inputs.get("multi_modal_data"):
+        return _multimodal_ids(inputs["prompt"], inputs["multi_modal_data"], vocab)
     if isinstance(inputs, list):
         return [int(t) for t in inputs]
     if isinstance(inputs, dict) and "prompt_token_ids" in inputs:
         return [int(t) for t in inputs["prompt_token_ids"]]
     raise TypeError(f"unsupported prompt inputs: {type(inputs).__name__}")
+
+
+def _multimodal_ids(prompt: Any, data: Any, vocab: int) -> list[int]:
+    """A TextPrompt with images (§2.2): no tokenizer here, so the text's UTF-8 bytes stand in
+    for its tokens and each image adds one id from a hash of its pixels (different images,
+    different outputs)."""
+    if not isinstance(prompt, str) or not isinstance(data, dict) or set(data) != {"image"}:
+        raise TypeError("multimodal inputs need a str prompt and multi_modal_data={'image': [...]}")
+    ids = [b % vocab for b in prompt.encode()]
+    for image in data["image"]:
+        raw = image.tobytes() if hasattr(image, "tobytes") else repr(image).encode()
+        ids.append(int.from_bytes(hashlib.blake2b(raw, digest_size=4).digest(), "little") % vocab)
+    return ids
 
 
 def _read_config(model: Path) -> dict[str, Any]:

@@ -1,0 +1,254 @@
+"""Serving benchmark over the OpenAI HTTP API only (httpx, streaming), vLLM `bench serve` metrics.
+
+Random fixed-length prompts (token ids sent as the `prompt` list on /v1/completions, or decoded
+to text with --prompt-format text), ignore_eos, max_tokens, a concurrency cap and a request rate
+(Poisson, or gamma with --burstiness). Output tokens come from the server's usage report.
+Metrics, as vLLM defines them: output tok/s = sum of output tokens / duration; TTFT per request;
+TPOT = (latency - TTFT) / (output tokens - 1); ITL = every gap between streamed chunks, pooled;
+E2EL. Several client processes (--workers) keep the client from being the bottleneck.
+
+  python -m bench.serve --base-url http://127.0.0.1:8000 --num-prompts 512 \\
+      --input-len 1024 --output-len 1024 --max-concurrency 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import random
+import time
+from typing import Any
+
+import httpx
+
+from bench.stats import summarize
+
+
+def arrivals(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Start offsets in seconds: all at 0 for an infinite rate, else gamma (Poisson at 1.0)."""
+    if rate == float("inf"):
+        return [0.0] * n
+    rng = random.Random(seed)
+    theta = 1.0 / (rate * burstiness)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.gammavariate(burstiness, theta)
+    return out
+
+
+def make_prompts(
+    n: int, length: int, vocab: int, seed: int, tokenizer: str | None
+) -> list[list[int] | str]:
+    rng = random.Random(seed)
+    hi = min(vocab, 32000) - 1
+    ids = [[rng.randint(100, hi) for _ in range(length)] for _ in range(n)]
+    if tokenizer is None:
+        return list(ids)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(f"{tokenizer}/tokenizer.json")
+    return [tok.decode(x) for x in ids]
+
+
+async def one_request(
+    client: httpx.AsyncClient, body: dict[str, Any], endpoint: str
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"ok": False, "ttft": 0.0, "itl": [], "output_tokens": 0}
+    st = time.perf_counter()
+    last = st
+    try:
+        async with client.stream("POST", endpoint, json=body) as resp:
+            if resp.status_code != 200:
+                out["error"] = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return out
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                now = time.perf_counter()
+                if chunk.get("choices"):
+                    if out["ttft"] == 0.0:
+                        out["ttft"] = now - st
+                    else:
+                        out["itl"].append(now - last)
+                    last = now
+                if chunk.get("usage"):
+                    out["output_tokens"] = chunk["usage"]["completion_tokens"]
+                    out["prompt_tokens"] = chunk["usage"]["prompt_tokens"]
+                if chunk.get("error"):
+                    out["error"] = str(chunk["error"])[:200]
+                    return out
+        out["latency"] = last - st
+        out["start"], out["end"] = st, last
+        out["ok"] = "error" not in out
+    except (httpx.HTTPError, ValueError) as e:
+        out["error"] = repr(e)[:200]
+    return out
+
+
+async def worker_main(job: dict[str, Any]) -> list[dict[str, Any]]:
+    limits = httpx.Limits(max_connections=job["concurrency"] + 4)
+    timeout = httpx.Timeout(None, connect=30.0)
+    sem = asyncio.Semaphore(job["concurrency"])
+    start_at = job["start_at"]
+    async with httpx.AsyncClient(base_url=job["base_url"], limits=limits, timeout=timeout) as c:
+
+        async def run(offset: float, body: dict[str, Any]) -> dict[str, Any]:
+            delay = start_at + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with sem:
+                return await one_request(c, body, job["endpoint"])
+
+        return list(await asyncio.gather(*(run(o, b) for o, b in job["requests"])))
+
+
+def _worker(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return asyncio.run(worker_main(job))
+
+
+def request_body(args: argparse.Namespace, model: str, prompt: list[int] | str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": args.output_len,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "temperature": args.temperature,
+    }
+    if args.endpoint == "chat":
+        text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def wait_ready(base: str, timeout: float) -> None:
+    """Poll /health until the server answers 200 (the engine has loaded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{base} not ready after {timeout:.0f}s")
+        time.sleep(0.5)
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    base = args.base_url.rstrip("/")
+    wait_ready(base, args.ready_timeout)
+    info = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]
+    model = args.model or info["id"]
+    vocab = args.vocab_size
+    tokenizer = args.tokenizer if args.prompt_format == "text" else None
+    endpoint = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
+    if args.warmup:
+        warm = make_prompts(args.warmup, args.input_len, vocab, args.seed + 1, tokenizer)
+        job = {
+            "base_url": base,
+            "endpoint": endpoint,
+            "concurrency": args.warmup,
+            "start_at": time.perf_counter(),
+            "requests": [(0.0, {**request_body(args, model, p), "max_tokens": 4}) for p in warm],
+        }
+        _worker(job)
+    prompts = make_prompts(args.num_prompts, args.input_len, vocab, args.seed, tokenizer)
+    offsets = arrivals(args.num_prompts, args.request_rate, args.burstiness, args.seed)
+    conc = args.max_concurrency or args.num_prompts
+    workers = max(1, min(args.workers, conc))
+    start_at = time.perf_counter() + (0.5 if workers == 1 else 3.0)  # spawned clients start
+    jobs = []
+    for w in range(workers):
+        share = range(w, args.num_prompts, workers)
+        jobs.append(
+            {
+                "base_url": base,
+                "endpoint": endpoint,
+                "concurrency": len(range(w, conc, workers)),
+                "start_at": start_at,
+                "requests": [(offsets[i], request_body(args, model, prompts[i])) for i in share],
+            }
+        )
+    if workers == 1:
+        results = _worker(jobs[0])
+    else:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            results = [r for rs in pool.map(_worker, jobs) for r in rs]
+    return metrics(results, args)
+
+
+def metrics(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    ok = [r for r in results if r["ok"]]
+    failed = [r for r in results if not r["ok"]]
+    duration = max(r["end"] for r in ok) - min(r["start"] for r in ok) if ok else float("nan")
+    out_tokens = sum(r["output_tokens"] for r in ok)
+    in_tokens = sum(r.get("prompt_tokens", 0) for r in ok)
+    tpots = [
+        (r["latency"] - r["ttft"]) / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1
+    ]
+    itl = [x for r in ok for x in r["itl"]]
+    ms = 1e3
+    return {
+        "endpoint": args.endpoint,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "max_concurrency": args.max_concurrency,
+        "request_rate": args.request_rate,
+        "completed": len(ok),
+        "failed": len(failed),
+        "errors": sorted({r.get("error", "") for r in failed})[:5],
+        "duration_s": duration,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tokens / duration,
+        "total_token_throughput": (in_tokens + out_tokens) / duration,
+        "ttft_ms": summarize([r["ttft"] * ms for r in ok]),
+        "tpot_ms": summarize([t * ms for t in tpots]),
+        "itl_ms": summarize([x * ms for x in itl]),
+        "e2el_ms": summarize([r["latency"] * ms for r in ok]),
+    }
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument("--model", default=None, help="default: the first of /v1/models")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--max-concurrency", type=int, default=0, help="0 = no cap")
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--burstiness", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--prompt-format", choices=["ids", "text"], default="ids")
+    p.add_argument("--tokenizer", default=None, help="directory with tokenizer.json (text)")
+    p.add_argument("--vocab-size", type=int, default=32000, help="random ids are below this")
+    p.add_argument("--workers", type=int, default=1, help="client processes")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="wait for /health")
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.endpoint == "chat" and args.prompt_format == "ids":
+        args.prompt_format = "text"
+    print(json.dumps(run_benchmark(args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""/metrics for operations: admission gauges, media counters (multimodal.MediaMetrics) and the
+remote-prefill counters and KV-transfer histogram (engine RemotePrefillStats)."""
+
+from __future__ import annotations
+
+import httpx
+from fastapi import FastAPI
+
+from engine.remote_prefill_stats import RemotePrefillStats
+from tests.api.ops_helpers import state_of
+from tests.conftest import MODEL
+
+LABEL = f'model_name="{MODEL}"'
+
+
+async def test_admission_and_media(client: httpx.AsyncClient, app: FastAPI) -> None:
+    media = state_of(app).metrics.media
+    media.record("http", "ok", 1234)
+    media.record("data", "rejected")
+    media.cache_hits += 2
+    text = (await client.get("/metrics")).text
+    assert "trtllm_gateway:num_requests_in_flight 0.0" in text
+    assert 'trtllm_gateway:admission_rejected_total{reason="queue_full"} 0.0' in text
+    assert 'trtllm_gateway:media_fetches_total{outcome="ok",source="http"} 1.0' in text
+    assert 'trtllm_gateway:media_fetches_total{outcome="rejected",source="data"} 1.0' in text
+    assert 'trtllm_gateway:media_bytes_loaded_total{source="http"} 1234.0' in text
+    assert "trtllm_gateway:media_cache_hits_total 2.0" in text
+    assert "trtllm_gateway:remote_prefill_total" not in text  # not a decode instance
+
+
+async def test_remote_prefill(client: httpx.AsyncClient, app: FastAPI) -> None:
+    stats = RemotePrefillStats()
+    state_of(app).metrics.bind_remote_prefill(stats)
+    stats.record("remote")
+    stats.record("remote")
+    stats.record("local_short")
+    stats.observe_transfer(4096, 0.02)
+    stats.siblings_healthy["http://p1:8000"] = True
+    stats.siblings_healthy["http://p2:8000"] = False
+    text = (await client.get("/metrics")).text
+    assert f'trtllm_gateway:remote_prefill_total{{{LABEL},outcome="remote"}} 2.0' in text
+    assert f'trtllm_gateway:remote_prefill_total{{{LABEL},outcome="failed"}} 0.0' in text
+    assert f"trtllm_gateway:kv_transfer_bytes_total{{{LABEL}}} 4096.0" in text
+    assert f'trtllm_gateway:kv_transfer_seconds_bucket{{le="0.025",{LABEL}}} 1.0' in text
+    assert 'trtllm_gateway:sibling_healthy{sibling="http://p2:8000"} 0.0' in text
+    stats.observe_transfer(10, 0.5)
+    text = (await client.get("/metrics")).text
+    assert f"trtllm_gateway:kv_transfer_seconds_count{{{LABEL}}} 2.0" in text
+    assert stats.kv_seconds == []

@@ -1,0 +1,109 @@
+"""Vision plumbing without a model: the embed_wire frames, placeholder expansion and the merge of
+image rows into a packed step (chunked prefill slices), the remote encoder's fallback, and where
+chat templates want image placeholders."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from engine.builtin.vision.placement import PlacedImage, expand_prompt, image_embeds_for
+from engine.embed_wire import EmbedWireError, decode_frames, encode_frame
+from engine.protocol import InvalidRequestError
+from engine.remote_encode import RemoteEncoder
+from engine.tokenizer import content_format
+from tests.engine.tiny_llava import CHAT_TEMPLATE
+
+IMG = 9
+
+
+def test_frames_round_trip_and_are_checked() -> None:
+    a = encode_frame("embeds", "h1", "float32", (2, 3), bytes(24), layout="llava:9:3")
+    b = encode_frame("embeds", "h2", "float32", (1, 3), bytes(range(12)), layout="llava:9:3")
+    frames = list(decode_frames(a + b, "embeds", expected_layout="llava:9:3"))
+    assert [f.header.image_hash for f in frames] == ["h1", "h2"]
+    assert frames[1].header.shape == (1, 3) and bytes(frames[1].data) == bytes(range(12))
+    with pytest.raises(EmbedWireError, match="layout"):
+        list(decode_frames(a, "embeds", expected_layout="llava:9:4"))
+    with pytest.raises(EmbedWireError, match="expected pixels"):
+        list(decode_frames(a, "pixels"))
+    with pytest.raises(EmbedWireError, match="checksum"):
+        list(decode_frames(a[:-1] + b"\x01", "embeds"))
+    with pytest.raises(EmbedWireError, match="truncated"):
+        list(decode_frames(a[:-4], "embeds"))
+    with pytest.raises(EmbedWireError, match="is not"):
+        encode_frame("pixels", "h", "uint8", (2, 2, 3), bytes(5))
+
+
+def test_expand_prompt_places_each_image() -> None:
+    embeds = [torch.ones(3, 2), torch.full((2, 2), 2.0)]
+    ids, placed = expand_prompt([1, IMG, 5, IMG, 6], IMG, embeds)
+    assert ids == [1, IMG, IMG, IMG, 5, IMG, IMG, 6]
+    assert [(p.start, p.end) for p in placed] == [(1, 4), (5, 7)]
+    with pytest.raises(InvalidRequestError, match="2 image placeholders but the request carries 1"):
+        expand_prompt([IMG, IMG], IMG, embeds[:1])
+
+
+def _chunk(seq: Any, start: int, length: int) -> Any:
+    return SimpleNamespace(seq=seq, start=start, length=length)
+
+
+def test_merge_takes_the_slice_each_chunk_covers() -> None:
+    embed = torch.nn.Embedding(16, 2)
+    torch.nn.init.zeros_(embed.weight)
+    rows = torch.arange(10.0).repeat(2, 1).T  # image rows 0..9, each [r, r]
+    seq = SimpleNamespace(images=(PlacedImage(2, rows),))
+    text = SimpleNamespace(images=())
+    # Prefill positions 5..8 of the image sequence, packed after a 1-token decode of another.
+    chunks = [_chunk(text, 30, 1), _chunk(seq, 5, 4)]
+    ids = torch.zeros(5, dtype=torch.long)
+    h = image_embeds_for(embed, chunks, ids)
+    assert h is not None
+    assert h[:, 0].tolist() == [0.0, 3.0, 4.0, 5.0, 6.0]  # positions 5..8 are image rows 3..6
+    assert image_embeds_for(embed, [_chunk(seq, 12, 3)], ids[:3]) is None  # past the image
+
+
+async def test_remote_encoder_falls_back_and_backs_off() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(503, text="loading")
+
+    enc = RemoteEncoder(["http://sib:1"], timeout=5.0, backoff=60.0)
+    enc._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    try:
+        assert await enc.encode([b""], ["h"], "layout") is None
+        assert await enc.encode([b""], ["h"], "layout") is None  # backing off: no call
+    finally:
+        await enc.aclose()
+    assert calls == ["/internal/v1/encode"]
+    assert enc.stats.outcomes["local_fallback"] == 2
+
+
+async def test_remote_encoder_returns_frames_in_order() -> None:
+    body = encode_frame("embeds", "h1", "float32", (1, 2), bytes(8), "L") + encode_frame(
+        "embeds", "h2", "float32", (1, 2), bytes(8), "L"
+    )
+    enc = RemoteEncoder(["http://sib:1"], timeout=5.0, backoff=60.0)
+    enc._client = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda r: httpx.Response(200, content=body))
+    )
+    try:
+        got = await enc.encode([b"", b""], ["h1", "h2"], "L")
+        assert got is not None and [f.header.image_hash for f in got] == ["h1", "h2"]
+        assert await enc.encode([b"", b""], ["h2", "h1"], "L") is None  # other images: refused
+    finally:
+        await enc.aclose()
+    assert enc.stats.outcomes == {"remote": 1, "local_fallback": 1}
+
+
+def test_content_format_follows_the_template() -> None:
+    assert content_format(CHAT_TEMPLATE) == "openai"
+    assert content_format("{% for m in messages %}{{ m['content'] }}{% endfor %}") == "string"
+    loop = "{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}"
+    assert content_format(loop) == "openai"
