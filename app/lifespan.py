@@ -50,6 +50,9 @@ async def _load(state: State) -> None:
         stats = getattr(state.engine, "remote_prefill_stats", None)
         if isinstance(stats, RemotePrefillStats):
             state.metrics.bind_remote_prefill(stats)
+        encode_outcomes = getattr(state.engine, "remote_encode_outcomes", None)
+        if encode_outcomes is not None:
+            state.metrics.bind_remote_encode(encode_outcomes)
         logger.info("ready: model %s (tokenizer from %s)", state.model_name, path)
     except Exception as exc:
         logger.exception("engine failed to start")

@@ -8,6 +8,7 @@ at scrape time too (app/ops_collectors.py), so nothing below the app layer knows
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing
@@ -18,7 +19,12 @@ from prometheus_client.registry import Collector
 
 from app import request_context
 from app.admission import Admission
-from app.ops_collectors import AdmissionCollector, MediaCollector, RemotePrefillCollector
+from app.ops_collectors import (
+    AdmissionCollector,
+    MediaCollector,
+    RemoteEncodeCollector,
+    RemotePrefillCollector,
+)
 from engine.protocol import EngineHealth, FinishReason, TokenEvent
 from engine.remote_prefill_stats import RemotePrefillStats
 from multimodal.metrics import MediaMetrics
@@ -78,6 +84,7 @@ class GatewayMetrics:
         # Filled by the image loader (routers/chat.py) and read at scrape time.
         self.media = MediaMetrics()
         self._remote_prefill = RemotePrefillCollector(lambda: self.model_name)
+        self._remote_encode = RemoteEncodeCollector(lambda: self.model_name)
         label = ["model_name"]
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -108,6 +115,7 @@ class GatewayMetrics:
         registry.register(AdmissionCollector(self.admission))
         registry.register(MediaCollector(self.media))
         registry.register(self._remote_prefill)
+        registry.register(self._remote_encode)
 
     def bind_engine(self, health: Callable[[], EngineHealth], model_name: str) -> None:
         self._health = health
@@ -116,6 +124,10 @@ class GatewayMetrics:
     def bind_remote_prefill(self, stats: RemotePrefillStats) -> None:
         """Export a remote-prefill engine's counters (decode instances with --prefill-url)."""
         self._remote_prefill.bind(stats)
+
+    def bind_remote_encode(self, outcomes: collections.Counter[str]) -> None:
+        """Export remote-encode outcomes (vision instances with --encode-url)."""
+        self._remote_encode.bind(outcomes)
 
     def _read_health(self) -> EngineHealth | None:
         return self._health() if self._health is not None else None

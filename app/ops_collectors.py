@@ -6,6 +6,7 @@ multimodal.MediaMetrics, engine.remote_prefill_stats) never imports prometheus_c
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 from prometheus_client import Histogram
@@ -126,6 +127,29 @@ class RemotePrefillCollector(Collector):
         for url, ok in sorted(stats.siblings_healthy.items()):
             healthy.add_metric([url], 1.0 if ok else 0.0)
         yield healthy
+
+
+class RemoteEncodeCollector(Collector):
+    """engine RemoteEncodeStats, once bound (vision instances with --encode-url)."""
+
+    def __init__(self, model_name: Callable[[], str]) -> None:
+        self._model_name = model_name
+        self._outcomes: Counter[str] | None = None
+
+    def bind(self, outcomes: Counter[str]) -> None:
+        self._outcomes = outcomes
+
+    def collect(self) -> Iterator[Metric]:
+        if self._outcomes is None:
+            return
+        family = CounterMetricFamily(
+            PREFIX + "remote_encode",
+            "Image batches by encoder placement: remote, local_fallback.",
+            labels=["model_name", "outcome"],
+        )
+        for outcome in sorted({"remote", "local_fallback", *self._outcomes}):
+            family.add_metric([self._model_name(), outcome], float(self._outcomes[outcome]))
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

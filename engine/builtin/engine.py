@@ -13,6 +13,7 @@ import queue
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -160,6 +161,13 @@ class BuiltinEngine:
     def release_kv(self, ctx_request_id: str) -> None:
         """Free a context phase's held blocks without pulling them (idempotent)."""
         self._submit("release", ctx_request_id)
+
+    @property
+    def remote_encode_outcomes(self) -> Counter[str] | None:
+        """Remote-encode outcomes for /metrics, when --encode-url is set on a vision model."""
+        if self._vision is None or self._vision.remote is None:
+            return None
+        return self._vision.remote.stats.outcomes
 
     def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
         """A read-only look at the prefix cache from the event loop (may be a step stale)."""

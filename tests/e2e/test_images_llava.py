@@ -106,12 +106,18 @@ def test_sources_agree_and_images_differ(
 def test_remote_encoding_equals_local_fallback(
     vlm: Server, encoder: Server, assets: dict[str, Any]
 ) -> None:
+    def outcome(name: str) -> float:
+        return vlm.metric("trtllm_gateway:remote_encode_total", f'outcome="{name}"')
+
+    remote_before = outcome("remote")
     remote = ask(vlm, data_url(assets["red"])).choices[0].message.content
     assert '"path": "/internal/v1/encode", "status": 200' in encoder.log()
+    assert outcome("remote") == remote_before + 1
     assert encoder.stop() == 0  # the sibling goes away: the next request encodes locally
+    fallback_before = outcome("local_fallback")
     local = ask(vlm, data_url(assets["red"])).choices[0].message.content
     assert local == remote
-    assert "encoding locally" in vlm.log()
+    assert outcome("local_fallback") == fallback_before + 1
 
 
 def test_bad_image_is_a_400_with_param(vlm: Server) -> None:

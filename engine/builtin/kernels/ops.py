@@ -1,8 +1,9 @@
 """KernelOps: the fused CUDA operations LlamaModel uses when LlamaModel.ops is set.
 
-RMSNorm (with the residual add folded in), SiLU-mul, RoPE + KV store, and paged attention that
-runs the split-KV decode kernel on the leading decode rows and the packed prefill kernel on the
-rest, both reading the cache in place.
+RMSNorm (with the residual add folded in), SiLU-mul, RoPE + KV store, paged attention that runs
+the split-KV decode kernel on the leading decode rows and the packed prefill kernel on the rest
+(both read the cache in place), and for steps of at most 16 tokens the skinny GEMM with the norm,
+SiLU-mul and residual add fused into the projections.
 """
 
 from __future__ import annotations
@@ -14,11 +15,27 @@ from engine.builtin.kernels.decode_attention import decode_attention
 from engine.builtin.kernels.fused_ops import rms_norm, silu_mul
 from engine.builtin.kernels.prefill_attention import prefill_attention
 from engine.builtin.kernels.rope_store import rope_and_store
+from engine.builtin.kernels.skinny_gemm import MAX_ROWS, skinny_linear
 
 
 class KernelOps:
-    def __init__(self, page: int) -> None:
+    def __init__(self, page: int, skinny: bool = True) -> None:
         self.page = page
+        self.skinny = skinny  # skinny GEMMs for steps of <= MAX_ROWS tokens
+
+    def use_skinny(self, tokens: int) -> bool:
+        return self.skinny and 0 < tokens <= MAX_ROWS
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        prologue: int = 0,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 1e-6,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return skinny_linear(x, weight, prologue, norm_weight, eps, residual)
 
     def rms_norm(
         self,
