@@ -35,6 +35,102 @@ def timed(fn: Any, iters: int = 30) -> float:
     return times[len(times) // 2]
 
 
+def graphed(fn: Any, reps: int = 20) -> float:
+    """Milliseconds per call of fn() replayed back to back from one CUDA graph (no launch gaps)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    return timed(g.replay, 10) / reps
+
+
+def sweep_gemv(lm: Any, bw: float) -> dict[str, Any]:
+    from engine.builtin.kernels.skinny_gemm import skinny_linear
+
+    layer = lm.model.layers[0]
+    out: dict[str, Any] = {}
+    for name, lin in [
+        ("qkv", layer.self_attn.qkv_proj),
+        ("o", layer.self_attn.o_proj),
+        ("gate_up", layer.mlp.gate_up_proj),
+        ("down", layer.mlp.down_proj),
+    ]:
+        w = lin.weight
+        x = torch.randn(1, w.shape[1], device="cuda", dtype=w.dtype)
+        nbytes = w.numel() * w.element_size()
+        row: dict[str, float] = {
+            "cublas": nbytes / (graphed(lambda x=x, w=w: F.linear(x, w)) / 1e3) / bw
+        }
+        for bn, bk, st in [
+            (16, 256, 4),
+            (16, 512, 3),
+            (32, 256, 4),
+            (32, 128, 6),
+            (64, 128, 4),
+            (8, 512, 4),
+        ]:
+            if bn < 16:
+                continue
+            ms = graphed(
+                lambda x=x, w=w, c=(bn, bk, st): skinny_linear(
+                    x, w, block_n=c[0], block_k=c[1], num_stages=c[2]
+                )
+            )
+            row[f"{bn}x{bk}s{st}"] = nbytes / (ms / 1e3) / bw
+        out[name] = row
+        print(json.dumps({name: row}), flush=True)
+    return out
+
+
+def sweep_attention(lm: Any, g: Any, kp: Any, bw: float, ctx: int) -> dict[str, Any]:
+    cfg, page = lm.cfg, lm.blocks.block_size
+    kc, vc = lm.runner.kv_caches[0]
+    kv_tok = cfg.kv_elems_per_token * lm.dtype.itemsize // cfg.num_layers
+    out: dict[str, Any] = {}
+    for b in (1, 64, 256):
+        q = torch.randn(b, cfg.num_heads, cfg.head_dim, device="cuda", dtype=lm.dtype)
+        bt, lens = g.block_tables[:b], g.ctx_lens[:b]
+        splits = choose_splits(b, cfg.num_kv_heads, ctx, page, kp.sms)
+        row: dict[str, float] = {}
+        for conf in [
+            (64, 4, 2),
+            (32, 4, 2),
+            (64, 4, 3),
+            (64, 8, 2),
+            (128, 8, 2),
+            (128, 4, 3),
+            (32, 4, 4),
+            (64, 8, 3),
+        ]:
+            try:
+                ms = graphed(
+                    lambda q=q, bt=bt, lens=lens, s=splits, c=conf: decode_attention(
+                        q, kc, vc, bt, lens, 0.1, page, s, config=c
+                    )
+                )
+            except Exception as e:  # a config that does not fit
+                row[str(conf)] = float("nan")
+                print("attention config failed", conf, repr(e)[:200])
+                continue
+            row[str(conf)] = b * ctx * kv_tok / (ms / 1e3) / bw
+        out[b] = row
+        print(json.dumps({"attention_batch": b, "splits": splits, "of_copy_bw": row}), flush=True)
+    return out
+
+
+def fill_batch(g: Any, lm: Any, b: int, ctx: int) -> None:
+    page = lm.blocks.block_size
+    blocks_per = -(-ctx // page)
+    perm = torch.randperm(lm.blocks.num_blocks, device="cuda")[: b * blocks_per]
+    g.block_tables[:b, :blocks_per] = perm.view(b, blocks_per).int()
+    g.ctx_lens[:b] = ctx
+    g.positions[:b] = ctx - 1
+    g.slots[:b] = perm.view(b, blocks_per)[:, -1].long() * page
+    g.input_ids[:b] = torch.randint(100, 1000, (b,), device="cuda")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="config/models/llama-3.1-8b.json")
@@ -54,62 +150,39 @@ def main() -> None:
     kp = lm.runner.kernels
     assert kp is not None and kp.graphs is not None
     g = kp.graphs
-    cfg, page = lm.cfg, lm.blocks.block_size
+    cfg = lm.cfg
     for k, v in lm.runner.kv_caches:
         k.normal_()
         v.normal_()
     bw = copy_bandwidth(torch.device("cuda"))
-    report: dict[str, Any] = {"copy_GBps": bw / 1e9, "steps": {}, "gemv": {}, "attention": {}}
+    report: dict[str, Any] = {"copy_GBps": bw / 1e9, "steps": {}}
     weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     weights -= lm.model.embed_tokens.weight.numel() * lm.model.embed_tokens.weight.element_size()
     kv_tok = cfg.kv_elems_per_token * lm.dtype.itemsize
-    blocks_per = -(-args.ctx // page)
-    for b in args.batches:
-        perm = torch.randperm(lm.blocks.num_blocks, device="cuda")[: b * blocks_per]
-        g.block_tables[:b, :blocks_per] = perm.view(b, blocks_per).int()
-        g.ctx_lens[:b] = args.ctx
-        g.positions[:b] = args.ctx - 1
-        g.slots[:b] = perm.view(b, blocks_per)[:, -1].long() * page
-        g.input_ids[:b] = torch.randint(100, 1000, (b,), device="cuda")
-        bucket = g.bucket(b)
-        assert bucket == b, (b, bucket)
-        ms = timed(lambda b=b: g.replay(b))
-        need = weights + b * args.ctx * kv_tok
-        report["steps"][b] = {"ms": ms, "roofline_ms": need / bw * 1e3, "tok_s": b / ms * 1e3}
-        print(json.dumps({"batch": b, **report["steps"][b]}), flush=True)
-    # Per-projection GEMV (M = 1) against its weight bytes.
-    layer = lm.model.layers[0]
-    for name, lin in [
-        ("qkv", layer.self_attn.qkv_proj),
-        ("o", layer.self_attn.o_proj),
-        ("gate_up", layer.mlp.gate_up_proj),
-        ("down", layer.mlp.down_proj),
-        ("lm_head", lm.model.lm_head),
-    ]:
-        w = lin.weight
-        for m in (1, 8):
-            x = torch.randn(m, w.shape[1], device="cuda", dtype=w.dtype)
-            ms = timed(lambda x=x, w=w: F.linear(x, w))
-            eff = w.numel() * w.element_size() / (ms / 1e3) / bw
-            report["gemv"][f"{name}_m{m}"] = {"ms": ms, "of_copy_bw": eff}
-    # Split-KV decode attention alone, one layer.
-    kc, vc = lm.runner.kv_caches[0]
-    for b in args.batches:
-        q = torch.randn(b, cfg.num_heads, cfg.head_dim, device="cuda", dtype=lm.dtype)
-        bt, ctx = g.block_tables[:b], g.ctx_lens[:b]
-        splits = choose_splits(b, cfg.num_kv_heads, args.ctx, page, kp.sms)
-        ms = timed(lambda q=q, bt=bt, ctx=ctx, s=splits: decode_attention(q, kc, vc, bt, ctx, 0.1, page, s))
-        eff = b * args.ctx * kv_tok / cfg.num_layers / (ms / 1e3) / bw
-        report["attention"][b] = {"ms": ms, "splits": splits, "of_copy_bw": eff}
+    assert lm.model.ops is not None
+    for skinny in (True, False):
+        lm.model.ops.skinny = skinny
+        g.capture()
+        for b in args.batches:
+            fill_batch(g, lm, b, args.ctx)
+            ms = timed(lambda b=b: g.replay(b))
+            need = weights + b * args.ctx * kv_tok
+            row = {"ms": ms, "roofline_ms": need / bw * 1e3, "tok_s": b / ms * 1e3}
+            report["steps"][f"{b}{'_skinny' if skinny else ''}"] = row
+            print(json.dumps({"batch": b, "skinny": skinny, **row}), flush=True)
+    lm.model.ops.skinny = True
+    g.capture()
     from torch.profiler import ProfilerActivity, profile
 
-    pb = args.profile_batch
+    fill_batch(g, lm, args.profile_batch, args.ctx)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
-            g.replay(pb)
+            g.replay(args.profile_batch)
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=14)
-    print(table)
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=12))
+    fill_batch(g, lm, 256, 1536)
+    report["attention"] = sweep_attention(lm, g, kp, bw, 1536)
+    report["gemv"] = sweep_gemv(lm, bw)
     print(json.dumps(report))
 
 

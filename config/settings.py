@@ -1,4 +1,4 @@
-"""The one frozen Settings tree: CLI flags > GATEWAY_* environment > defaults, built once in cli.py."""
+"""The one frozen Settings tree: CLI flags > GATEWAY_* environment > defaults (built in cli.py)."""
 
 from __future__ import annotations
 

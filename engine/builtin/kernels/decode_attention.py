@@ -158,6 +158,7 @@ def decode_attention(
     page: int,
     num_splits: int,
     out: torch.Tensor | None = None,
+    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; caches: [slots, Hk, D]; block_tables: [B, W] int32; ctx_lens: [B] int32.
 
@@ -173,7 +174,8 @@ def decode_attention(
     if bsz == 0:
         return out
     ieee = q.dtype == torch.float32
-    block_n = 32 if ieee or d_pad > 128 else 64
+    # (tokens per tile, warps, pipeline stages)
+    block_n, warps, stages = config or ((32 if ieee or d_pad > 128 else 64), 4, 2)
     if num_splits > 1:
         mid_o = torch.empty((bsz * hq * num_splits, d_pad), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((bsz * hq * num_splits,), dtype=torch.float32, device=q.device)
@@ -206,8 +208,8 @@ def decode_attention(
         PAGE=page,
         BLOCK_N=block_n,
         IEEE=ieee,
-        num_warps=4,
-        num_stages=2,
+        num_warps=warps,
+        num_stages=stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(bsz, hq)](
