@@ -52,6 +52,7 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tor
         sorted_logits, idx = logits.sort(descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
+        drop[0] = False  # and always the most likely one (top_p = 0 means greedy)
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, idx, drop), float("-inf"))
     return logits
 
@@ -153,7 +154,10 @@ class Sampler:
             else:
                 row = _filter(row / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
                 probs = row.softmax(-1)
-                token = int(torch.multinomial(probs, 1, generator=seq.generator))
+                if bool(torch.isfinite(probs).all()) and float(probs.sum()) > 0:
+                    token = int(torch.multinomial(probs, 1, generator=seq.generator))
+                else:  # a degenerate distribution (e.g. every token penalized to -inf)
+                    token = int(torch.nan_to_num(row, nan=float("-inf")).argmax())
             lp = None
             if raw_lp is not None and sp.logprobs is not None:
                 lp = logprob_entry(raw_lp[i], token, sp.logprobs)
@@ -171,8 +175,11 @@ def _needs_processing(seq: Sequence) -> bool:
     )
 
 
+SAMPLING_EPS = 1e-5  # temperatures below this sample greedily, as in vLLM
+
+
 def _is_greedy(seq: Sequence) -> bool:
-    return seq.sampling.temperature == 0.0 or seq.sampling.top_k == 1
+    return seq.sampling.temperature < SAMPLING_EPS or seq.sampling.top_k == 1
 
 
 def logprob_entry(lp_row: torch.Tensor, token: int, k: int) -> TokenLogprob:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -10,10 +11,20 @@ from engine.builtin.overlap import OverlapPipeline
 from engine.builtin.sampler import Sampler, SampleResult
 from engine.builtin.scheduler import Scheduler
 from engine.builtin.sequence import Sequence, Status
-from engine.protocol import FinishReason, Timings, TokenEvent, TokenLogprob, Usage
+from engine.protocol import (
+    EngineError,
+    FinishReason,
+    InvalidRequestError,
+    Timings,
+    TokenEvent,
+    TokenLogprob,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from engine.builtin.loader import LoadedModel
+
+log = logging.getLogger(__name__)
 
 Emitted = list[tuple[str, TokenEvent | BaseException]]
 
@@ -112,13 +123,23 @@ class Stepper:
         out = self.runner.run(chunks)
         self.scheduler.commit(chunks)
         seqs = [c.seq for c in out.sample_chunks]
-        results = self.sampler(out.logits, seqs) if seqs else []
+        try:
+            results = self.sampler(out.logits, seqs) if seqs else []
+        except Exception as e:  # contain it to the requests of this step, not the engine
+            log.exception("sampling failed; failing the %d requests of this step", len(seqs))
+            return self.fail(seqs, InvalidRequestError(f"sampling failed: {e}"))
         now = time.perf_counter()
         events: Emitted = []
         for seq, r in zip(seqs, results, strict=True):
             seq.token_ids.append(r.token_id)
             self.accept(seq, r, now, events)
         return events
+
+    def fail(self, seqs: list[Sequence], error: EngineError) -> Emitted:
+        for seq in seqs:
+            self.seqs.pop(seq.request_id, None)
+            self.scheduler.finish(seq)
+        return [(seq.request_id, error) for seq in seqs]
 
     def accept(self, seq: Sequence, r: SampleResult, now: float, events: Emitted) -> None:
         """r's token is already the last of seq.token_ids: stop checks, then its event."""

@@ -137,3 +137,27 @@ async def test_preemption_under_tiny_kv_pool_keeps_outputs(
     assert tight.health().preemptions > 0
     with pytest.raises(InvalidRequestError):
         await collect(tight, GenerateRequest("big", tuple(chat_prompts[0]), greedy(200)))
+
+
+async def test_degenerate_sampling_params_do_not_kill_the_engine(
+    make_engine: EngineFactory, chat_prompts: list[list[int]]
+) -> None:
+    engine = await make_engine()
+    p = tuple(chat_prompts[0])
+    odd = [
+        SamplingParams(max_tokens=4, temperature=5e-324),  # logits / T overflows
+        SamplingParams(max_tokens=4, temperature=1.0, repetition_penalty=1e-300),
+        SamplingParams(max_tokens=4, temperature=1.0, top_p=1e-12),
+        SamplingParams(max_tokens=4, temperature=2.0, min_p=1.0, presence_penalty=2.0),
+    ]
+    for i, sp in enumerate(odd):
+        events = await collect(engine, GenerateRequest(f"odd{i}", p, sp))
+        assert events[-1].finish_reason in ("stop", "length")
+    assert engine.health().state == "ready"
+    greedy_out = _tokens(await collect(engine, GenerateRequest("g", p, greedy(4))))
+    tiny_t = _tokens(
+        await collect(
+            engine, GenerateRequest("t", p, SamplingParams(max_tokens=4, temperature=1e-9))
+        )
+    )
+    assert tiny_t == greedy_out
