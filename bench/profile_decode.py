@@ -137,6 +137,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=1088)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--profile-batch", type=int, default=1)
+    p.add_argument("--sweeps", action="store_true", help="attention and GEMV config sweeps")
     args = p.parse_args()
     settings = Settings(
         model=args.model,
@@ -180,9 +181,10 @@ def main() -> None:
             g.replay(args.profile_batch)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=12))
-    fill_batch(g, lm, 256, 1536)
-    report["attention"] = sweep_attention(lm, g, kp, bw, 1536)
-    report["gemv"] = sweep_gemv(lm, bw)
+    if args.sweeps:
+        fill_batch(g, lm, 256, 1536)
+        report["attention"] = sweep_attention(lm, g, kp, bw, 1536)
+        report["gemv"] = sweep_gemv(lm, bw)
     print(json.dumps(report))
 
 

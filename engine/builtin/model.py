@@ -152,7 +152,7 @@ class LlamaModel(nn.Module):
         # The residual stream is updated in place by the add+norm kernel.
         residual = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.clone()
         layers = cast(list[DecoderLayer], list(self.layers))
-        if ops.use_skinny(residual.shape[0]):
+        if ops.use_skinny(residual):
             return self._forward_skinny(residual, positions, kv_caches, meta, ops, layers)
         x = ops.rms_norm(residual, layers[0].input_layernorm.weight, eps)
         for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
@@ -172,29 +172,25 @@ class LlamaModel(nn.Module):
         ops: KernelOps,
         layers: list[DecoderLayer],
     ) -> torch.Tensor:
-        """Small decode batches: 7 kernels a layer, norms and SiLU fused into the projections."""
-        from engine.builtin.kernels.skinny_gemm import PRO_NORM, PRO_SILU
-
+        """Small decode batches: o_proj and down_proj are skinny GEMMs that add into the residual
+        stream themselves (no split-K reduce, no separate add), so the norms need no add."""
         eps = self.cfg.rms_norm_eps
         t = residual.shape[0]
-        for layer, kv in zip(layers, kv_caches, strict=True):
+        x = ops.rms_norm(residual, layers[0].input_layernorm.weight, eps)
+        for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
             at, mlp = layer.self_attn, layer.mlp
-            qkv = ops.linear(
-                residual, at.qkv_proj.weight, PRO_NORM, layer.input_layernorm.weight, eps
-            )
-            if at.qkv_proj.bias is not None:
-                qkv = qkv + at.qkv_proj.bias
+            qkv = at.qkv_proj(x)
             shape = (at.nq, at.nkv, at.hd)
-            q = ops.rope_and_store(
-                qkv, positions, self.rope.cos, self.rope.sin, kv, meta.slot_mapping, shape
-            )
+            rope = self.rope
+            q = ops.rope_and_store(qkv, positions, rope.cos, rope.sin, kv, meta.slot_mapping, shape)
             o = ops.attention(q, kv, meta, at.scale)
             ops.linear(o.view(t, at.q_size), at.o_proj.weight, residual=residual)
-            ln2 = layer.post_attention_layernorm.weight
-            gate_up = ops.linear(residual, mlp.gate_up_proj.weight, PRO_NORM, ln2, eps)
-            ops.linear(gate_up, mlp.down_proj.weight, PRO_SILU, residual=residual)
-        out: torch.Tensor = ops.rms_norm(residual, self.norm.weight, eps)
-        return out
+            x = ops.rms_norm(residual, layer.post_attention_layernorm.weight, eps)
+            act = ops.silu_mul(mlp.gate_up_proj(x))
+            ops.linear(act, mlp.down_proj.weight, residual=residual)
+            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.norm.weight
+            x = ops.rms_norm(residual, nxt, eps)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -204,25 +204,16 @@ def test_sampling_greedy_seeded_and_distribution() -> None:
     assert torch.allclose(freq, probs, atol=0.015), freq
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 5, 16])
-@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (300, 576), (4096, 14336)])
-def test_skinny_linear_fusions(dtype: torch.dtype, rows: int, n: int, k: int) -> None:
-    from engine.builtin.kernels.skinny_gemm import PRO_NORM, PRO_SILU, skinny_linear
-    from engine.builtin.model import RMSNorm
+@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (300, 576), (4096, 14336)])
+def test_skinny_linear(rows: int, n: int, k: int) -> None:
+    from engine.builtin.kernels.skinny_gemm import skinny_linear
 
+    dtype = torch.bfloat16  # the model uses it for bf16/fp16 only (fp32 keeps cuBLAS)
     w = (torch.randn(n, k, device=CUDA) * 0.02).to(dtype)
     x = torch.randn(rows, k, device=CUDA).to(dtype)
-    tol = TOL[dtype]
-    assert rel_err(skinny_linear(x, w), x.double() @ w.double().T) < tol
-    norm = RMSNorm(k, 1e-5).to(CUDA, dtype)
-    norm.weight.data = torch.randn(k, device=CUDA).to(dtype)
-    got = skinny_linear(x, w, PRO_NORM, norm.weight, 1e-5)
-    assert rel_err(got, norm(x).double() @ w.double().T) < tol
-    gu = torch.randn(rows, 2 * k, device=CUDA).to(dtype)
-    act = torch.nn.functional.silu(gu[:, :k]) * gu[:, k:]
-    assert rel_err(skinny_linear(gu, w, PRO_SILU), act.double() @ w.double().T) < tol
+    assert rel_err(skinny_linear(x, w), x.double() @ w.double().T) < TOL[dtype]
     res = torch.randn(rows, n, device=CUDA).to(dtype)
     expect = res.double() + (x.double() @ w.double().T)
     skinny_linear(x, w, residual=res)
-    assert rel_err(res, expect) < tol
+    assert rel_err(res, expect) < TOL[dtype]

@@ -175,7 +175,8 @@ def decode_attention(
         return out
     ieee = q.dtype == torch.float32
     # (tokens per tile, warps, pipeline stages)
-    block_n, warps, stages = config or ((32 if ieee or d_pad > 128 else 64), 4, 2)
+    # 64 tokens, 4 warps, 3 stages read the cache fastest at batch 64 and 256 on an H200.
+    block_n, warps, stages = config or ((32, 4, 2) if ieee or d_pad > 128 else (64, 4, 3))
     if num_splits > 1:
         mid_o = torch.empty((bsz * hq * num_splits, d_pad), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((bsz * hq * num_splits,), dtype=torch.float32, device=q.device)

@@ -2,8 +2,8 @@
 
 RMSNorm (with the residual add folded in), SiLU-mul, RoPE + KV store, paged attention that runs
 the split-KV decode kernel on the leading decode rows and the packed prefill kernel on the rest
-(both read the cache in place), and for steps of at most 16 tokens the skinny GEMM with the norm,
-SiLU-mul and residual add fused into the projections.
+(both read the cache in place), and for steps of at most 16 tokens the skinny GEMM that adds
+o_proj and down_proj into the residual stream in place.
 """
 
 from __future__ import annotations
@@ -23,19 +23,14 @@ class KernelOps:
         self.page = page
         self.skinny = skinny  # skinny GEMMs for steps of <= MAX_ROWS tokens
 
-    def use_skinny(self, tokens: int) -> bool:
-        return self.skinny and 0 < tokens <= MAX_ROWS
+    def use_skinny(self, x: torch.Tensor) -> bool:
+        """bf16/fp16 steps of at most MAX_ROWS tokens (fp32 keeps cuBLAS: tl.dot would be tf32)."""
+        return self.skinny and 0 < x.shape[0] <= MAX_ROWS and x.dtype != torch.float32
 
     def linear(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        prologue: int = 0,
-        norm_weight: torch.Tensor | None = None,
-        eps: float = 1e-6,
-        residual: torch.Tensor | None = None,
+        self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return skinny_linear(x, weight, prologue, norm_weight, eps, residual)
+        return skinny_linear(x, weight, residual)
 
     def rms_norm(
         self,

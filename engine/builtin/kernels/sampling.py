@@ -24,10 +24,20 @@ def row_key(seed: int, step: int) -> int:
 
 
 @triton.jit
-def _sample_kernel(
-    logits_ptr, stride, temps_ptr, keys_ptr, out_ptr, vocab, BLOCK: tl.constexpr
+def _sample_partial_kernel(
+    logits_ptr,
+    stride,
+    temps_ptr,
+    keys_ptr,
+    val_ptr,
+    idx_ptr,
+    vocab,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ) -> None:
+    """Program (row, chunk): the best perturbed logit of CHUNK columns and its column."""
     r = tl.program_id(0)
+    part = tl.program_id(1)
     temp = tl.load(temps_ptr + r)
     key = tl.load(keys_ptr + r)
     base = logits_ptr + r.to(tl.int64) * stride
@@ -35,13 +45,12 @@ def _sample_kernel(
     best_idx = tl.zeros([BLOCK], tl.int32)
     cols = tl.arange(0, BLOCK)
     inv_t = 1.0 / tl.where(temp > 0, temp, 1.0)
-    for v0 in range(0, vocab, BLOCK):
+    for v0 in range(part * CHUNK, tl.minimum((part + 1) * CHUNK, vocab), BLOCK):
         c = v0 + cols
         mask = c < vocab
         x = tl.load(base + c, mask=mask, other=float("-inf")).to(tl.float32)
         if temp > 0:
-            u = tl.rand(key, c)
-            u = tl.maximum(u, 1e-20)
+            u = tl.maximum(tl.rand(key, c), 1e-20)
             x = x * inv_t - tl.log(-tl.log(u))
         x = tl.where(mask & (x == x), x, float("-inf"))  # NaN never wins
         take = x > best
@@ -49,15 +58,49 @@ def _sample_kernel(
         best_idx = tl.where(take, c, best_idx)
     top = tl.max(best, 0)
     idx = tl.min(tl.where(best == top, best_idx, 2147483647), 0)
-    tl.store(out_ptr + r, idx.to(tl.int64))
+    nparts = tl.num_programs(1)
+    tl.store(val_ptr + r * nparts + part, top)
+    tl.store(idx_ptr + r * nparts + part, idx)
+
+
+@triton.jit
+def _sample_reduce_kernel(val_ptr, idx_ptr, out_ptr, PARTS: tl.constexpr, P_PAD: tl.constexpr):
+    r = tl.program_id(0)
+    p = tl.arange(0, P_PAD)
+    pm = p < PARTS
+    v = tl.load(val_ptr + r * PARTS + p, mask=pm, other=float("-inf"))
+    i = tl.load(idx_ptr + r * PARTS + p, mask=pm, other=2147483647)
+    top = tl.max(v, 0)
+    tl.store(out_ptr + r, tl.min(tl.where(v == top, i, 2147483647), 0).to(tl.int64))
+
+
+CHUNK = 8192
 
 
 def sample(logits: torch.Tensor, temps: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """logits: [R, V] float32; temps: [R] (0 = greedy); keys: [R] int64. Returns [R] int64."""
+    """logits: [R, V] float32; temps: [R] (0 = greedy); keys: [R] int64. Returns [R] int64.
+
+    Each row is split over ceil(V / 8192) programs, so a batch of one still fills many SMs.
+    """
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
-        _sample_kernel[(rows,)](
-            logits, logits.stride(0), temps, keys, out, vocab, BLOCK=1024, num_warps=4
+        parts = triton.cdiv(vocab, CHUNK)
+        vals = torch.empty((rows, parts), dtype=torch.float32, device=logits.device)
+        idxs = torch.empty((rows, parts), dtype=torch.int32, device=logits.device)
+        _sample_partial_kernel[(rows, parts)](
+            logits,
+            logits.stride(0),
+            temps,
+            keys,
+            vals,
+            idxs,
+            vocab,
+            CHUNK=CHUNK,
+            BLOCK=1024,
+            num_warps=4,
+        )
+        _sample_reduce_kernel[(rows,)](
+            vals, idxs, out, PARTS=parts, P_PAD=max(2, triton.next_power_of_2(parts)), num_warps=1
         )
     return out

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU figures of docs/benchmarks.md, all in one run on one device (H100 or H200).
+# Run from the repository root on the GPU machine; results go to $OUT (default /tmp/bench-gpu):
+#   OUT=/tmp/bench-gpu bash bench/gpu_suite.sh
+# Needs the project's Python dependencies importable (the device call adds carried wheels first).
+set -u
+OUT=${OUT:-/tmp/bench-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+M8=config/models/llama-3.1-8b.json
+M135=config/models/smollm2-135m.json
+TOK=${TOK:-.carry}  # a tokenizer.json directory for the 135M server
+COMMON="--load-format dummy --max-model-len 2304 --max-num-tokens 8192 --input-len 1024 --output-len 1024"
+{
+  date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+# 1 + 2: 8B batch-1 decode next to its roofline, then 512 x 1024/1024 offline.
+python3 -m bench.offline --model $M8 $COMMON --max-batch-size 384 --fit-batch --num-prompts 512 \
+  --decode-latency --latency-output-len 256 > "$OUT/offline_8b.log" 2>&1
+tail -1 "$OUT/offline_8b.log" > "$OUT/offline_8b.json"
+# 2b: HF transformers generate, same shape and lengths, one static batch.
+python3 -m bench.hf_baseline --model $M8 --batch-sizes 128 64 > "$OUT/hf_8b.log" 2>&1
+tail -1 "$OUT/hf_8b.log" > "$OUT/hf_8b.json"
+# 3: 135M offline vs the same engine settings behind the HTTP server, concurrency 256.
+python3 -m bench.offline --model $M135 $COMMON --max-batch-size 256 --num-prompts 512 \
+  --concurrency 256 > "$OUT/offline_135m.log" 2>&1
+tail -1 "$OUT/offline_135m.log" > "$OUT/offline_135m.json"
+python3 -m app serve --model $M135 --load-format dummy --tokenizer "$TOK" --port 8123 \
+  --max-model-len 2304 --max-num-tokens 8192 --max-batch-size 256 --log-level warning \
+  > "$OUT/server_135m.log" 2>&1 &
+SERVER=$!
+python3 -m bench.serve --base-url http://127.0.0.1:8123 --num-prompts 512 --input-len 1024 \
+  --output-len 1024 --max-concurrency 256 --workers 8 > "$OUT/serve_135m.json" 2>"$OUT/serve_135m.err"
+kill "$SERVER"; wait "$SERVER" 2>/dev/null
+python3 -m bench.report_gpu "$OUT" > "$OUT/summary.md"
+cat "$OUT/summary.md"
