@@ -199,12 +199,22 @@ class BuiltinEngine:
         self._queues[seq.request_id] = q
         self._submit("add", (seq, first))
         finished = False
+        held: _Event | None = None
         try:
             while True:
-                item = await q.get()
+                item = held if held is not None else await q.get()
+                held = None
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                # A consumer that fell behind gets the tokens queued meanwhile as one event, so
+                # a slow client costs one chunk per wake-up, not one per token.
+                while item.finish_reason is None and not q.empty():
+                    nxt = q.get_nowait()
+                    if isinstance(nxt, BaseException):
+                        held = nxt
+                        break
+                    item = merge_events(item, nxt)
                 yield item
                 if item.finish_reason is not None:
                     finished = True
@@ -325,3 +335,21 @@ class BuiltinEngine:
                 return
             self._emit(events)
             time.sleep(0)  # let the event loop thread take the GIL between steps
+
+
+def merge_events(a: TokenEvent, b: TokenEvent) -> TokenEvent:
+    """b's tokens appended to a's; finish, usage and timings are b's, prompt logprobs a's."""
+    logprobs = (
+        None
+        if a.logprobs is None and b.logprobs is None
+        else ((a.logprobs or ()) + (b.logprobs or ()))
+    )
+    return TokenEvent(
+        a.token_ids + b.token_ids,
+        logprobs,
+        finish_reason=b.finish_reason,
+        stop_token_id=b.stop_token_id,
+        usage=b.usage,
+        timings=b.timings,
+        prompt_logprobs=a.prompt_logprobs or b.prompt_logprobs,
+    )

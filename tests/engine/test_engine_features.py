@@ -161,3 +161,21 @@ async def test_degenerate_sampling_params_do_not_kill_the_engine(
         )
     )
     assert tiny_t == greedy_out
+
+
+async def test_slow_consumer_gets_coalesced_events(
+    make_engine: EngineFactory, chat_prompts: list[list[int]]
+) -> None:
+    engine = await make_engine()
+    p = tuple(chat_prompts[1])
+    sp = greedy(24, ignore_eos=True, logprobs=1)
+    fast = await collect(engine, GenerateRequest("fast", p, sp))
+    slow_events = []
+    async for ev in engine.generate(GenerateRequest("slow", p, sp)):
+        slow_events.append(ev)
+        await asyncio.sleep(0.3)  # fall behind the engine
+    assert _tokens(slow_events) == _tokens(fast)
+    assert len(slow_events) < len(fast)
+    lps = [lp.token_id for ev in slow_events for lp in ev.logprobs or ()]
+    assert lps == _tokens(fast)
+    assert slow_events[-1].usage is not None and slow_events[-1].usage.completion_tokens == 24
