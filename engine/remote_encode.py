@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,19 +18,12 @@ from dataclasses import dataclass, field
 import httpx
 
 from engine.embed_wire import CONTENT_TYPE, EmbedWireError, Frame, decode_frames
-from engine.protocol import CALLER_AUTHORIZATION
+from engine.siblings import Sibling, SiblingPool, caller_headers
 
 log = logging.getLogger(__name__)
 
 ENCODE_PATH = "/internal/v1/encode"
 OUTCOMES = ("remote", "local_fallback")
-
-
-@dataclass
-class _Sibling:
-    url: str
-    outstanding: int = 0
-    retry_at: float = 0.0
 
 
 @dataclass
@@ -44,12 +36,10 @@ class RemoteEncodeStats:
 
 class RemoteEncoder:
     def __init__(self, urls: Sequence[str], timeout: float, backoff: float) -> None:
-        self.siblings = [_Sibling(u.rstrip("/")) for u in urls]
+        self.pool = SiblingPool(urls, backoff)
         self.timeout = timeout
-        self.backoff = backoff
         self.stats = RemoteEncodeStats()
         self._client: httpx.AsyncClient | None = None
-        self._turn = 0
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -60,22 +50,21 @@ class RemoteEncoder:
         self, pixel_frames: Sequence[bytes], hashes: Sequence[str], layout: str
     ) -> list[Frame] | None:
         """Embedding frames in image order, or None: encode locally (the fallback is counted)."""
-        sib = self._pick()
+        sib = self.pool.pick()
         if sib is None:
             self._fallback("no encode sibling is available")
             return None
-        sib.outstanding += 1
         try:
-            async with asyncio.timeout(self.timeout):
-                frames = await self._call(sib, pixel_frames, layout)
+            with self.pool.busy(sib):
+                async with asyncio.timeout(self.timeout):
+                    frames = await self._call(sib, pixel_frames, layout)
             if [f.header.image_hash for f in frames] != list(hashes):
                 raise _BadReply("it answered for other images")
         except (TimeoutError, httpx.HTTPError, EmbedWireError, _BadReply) as e:
-            sib.retry_at = time.monotonic() + self.backoff
+            self.pool.mark(sib, healthy=False)
             self._fallback(f"encode sibling {sib.url} failed: {type(e).__name__}: {e}")
             return None
-        finally:
-            sib.outstanding -= 1
+        self.pool.mark(sib, healthy=True)
         self.stats.record("remote")
         return frames
 
@@ -83,22 +72,10 @@ class RemoteEncoder:
         log.warning("%s; encoding locally", why)
         self.stats.record("local_fallback")
 
-    def _pick(self) -> _Sibling | None:
-        now = time.monotonic()
-        usable = [s for s in self.siblings if s.retry_at <= now]
-        if not usable:
-            return None
-        least = min(s.outstanding for s in usable)
-        tied = [s for s in usable if s.outstanding == least]
-        self._turn += 1
-        return tied[self._turn % len(tied)]
-
-    async def _call(self, sib: _Sibling, pixel_frames: Sequence[bytes], layout: str) -> list[Frame]:
+    async def _call(self, sib: Sibling, pixel_frames: Sequence[bytes], layout: str) -> list[Frame]:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout)
-        headers = {"Content-Type": CONTENT_TYPE}
-        if auth := CALLER_AUTHORIZATION.get():
-            headers["Authorization"] = auth
+        headers = {"Content-Type": CONTENT_TYPE, **caller_headers()}
         res = await self._client.post(
             f"{sib.url}{ENCODE_PATH}", content=b"".join(pixel_frames), headers=headers
         )

@@ -15,13 +15,12 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import httpx
 
 from config.settings import Settings
 from engine.protocol import (
-    CALLER_AUTHORIZATION,
     DisaggParams,
     Engine,
     EngineHealth,
@@ -34,6 +33,7 @@ from engine.protocol import (
     TokenLogprob,
 )
 from engine.remote_prefill_stats import RemotePrefillStats
+from engine.siblings import Sibling, SiblingPool, caller_headers
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +49,6 @@ class SiblingMismatchError(Exception):
     """A sibling serves another model or KV layout: a configuration error, never a fallback."""
 
 
-@dataclass
-class Sibling:
-    url: str
-    outstanding: int = 0
-    healthy: bool = True
-    retry_at: float = 0.0
-    checked: bool = False  # /internal/v1/info compared once
-
-
 class RemotePrefillEngine:
     """Wraps the local engine; every protocol member but generate is the inner engine's."""
 
@@ -66,9 +57,8 @@ class RemotePrefillEngine:
         self.settings = settings
         self.remote_prefill_stats = stats
         self.info: EngineInfo = inner.info
-        self.siblings = [Sibling(u.rstrip("/")) for u in settings.prefill_url]
+        self.pool = SiblingPool(settings.prefill_url, settings.sibling_backoff)
         self._client: httpx.AsyncClient | None = None
-        self._turn = 0
 
     @property
     def tokenizer_dir(self) -> object:
@@ -78,7 +68,7 @@ class RemotePrefillEngine:
         self._client = httpx.AsyncClient(timeout=self.settings.remote_prefill_timeout)
         await self.inner.start()
         self.info = self.inner.info
-        for sib in self.siblings:
+        for sib in self.pool.siblings:
             try:
                 await self._check(sib)
             except SiblingError as e:
@@ -118,13 +108,13 @@ class RemotePrefillEngine:
         if uncached < self.settings.max_local_prefill_tokens or req.images:
             self.remote_prefill_stats.record("local_short")
             return None
-        sib = self._pick()
+        sib = self.pool.pick()
         if sib is None:
             self._fallback(req, "no healthy prefill sibling")
             return None
-        sib.outstanding += 1
         try:
-            disagg = await self._remote(sib, req)
+            with self.pool.busy(sib):
+                disagg = await self._remote(sib, req)
         except SiblingMismatchError as e:
             self.remote_prefill_stats.record("failed")
             raise RemotePrefillFailedError(str(e)) from None
@@ -132,8 +122,6 @@ class RemotePrefillEngine:
             self._mark(sib, healthy=False)
             self._fallback(req, f"prefill sibling {sib.url} failed: {e}")
             return None
-        finally:
-            sib.outstanding -= 1
         self.remote_prefill_stats.record("remote")
         return disagg
 
@@ -144,20 +132,8 @@ class RemotePrefillEngine:
         log.warning("request %s: %s; prefilling locally", req.request_id, why)
         self.remote_prefill_stats.record("local_fallback")
 
-    def _pick(self) -> Sibling | None:
-        now = time.monotonic()
-        usable = [s for s in self.siblings if s.healthy or s.retry_at <= now]
-        if not usable:
-            return None
-        least = min(s.outstanding for s in usable)
-        tied = [s for s in usable if s.outstanding == least]
-        self._turn += 1
-        return tied[self._turn % len(tied)]
-
     def _mark(self, sib: Sibling, healthy: bool) -> None:
-        sib.healthy = healthy
-        if not healthy:
-            sib.retry_at = time.monotonic() + self.settings.sibling_backoff
+        self.pool.mark(sib, healthy)
         self.remote_prefill_stats.siblings_healthy[sib.url] = healthy
 
     async def _remote(self, sib: Sibling, req: GenerateRequest) -> DisaggParams:
@@ -200,7 +176,7 @@ class RemotePrefillEngine:
         with contextlib.suppress(httpx.HTTPError):
             assert self._client is not None
             await asyncio.shield(
-                self._client.delete(f"{sib.url}{PREFIX}/kv/{ctx_id}", headers=self._headers())
+                self._client.delete(f"{sib.url}{PREFIX}/kv/{ctx_id}", headers=caller_headers())
             )
 
     async def _check(self, sib: Sibling) -> None:
@@ -231,16 +207,12 @@ class RemotePrefillEngine:
         assert self._client is not None
         url = f"{sib.url}{path}"
         try:
-            res = await self._client.request(method, url, headers=self._headers(), json=json)
+            res = await self._client.request(method, url, headers=caller_headers(), json=json)
         except httpx.HTTPError as e:
             raise SiblingError(f"{type(e).__name__}: {e}") from None
         if res.status_code != 200:
             raise SiblingError(f"{method} {path} answered {res.status_code}: {res.text[:200]}")
         return res
-
-    def _headers(self) -> dict[str, str]:
-        auth = CALLER_AUTHORIZATION.get()
-        return {"Authorization": auth} if auth else {}
 
 
 def _logprobs(raw: object) -> tuple[TokenLogprob, ...] | None:
