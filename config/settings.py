@@ -68,6 +68,9 @@ class Settings(BaseSettings):
         True, description="Reuse cached KV blocks of shared prefixes."
     )
     cuda_graphs: bool = Field(True, description="Replay decode steps from CUDA graphs.")
+    quantization: Literal["none", "int8"] = Field(
+        "none", description="int8: weight-only int8 copies for small CPU batches (CPU only)."
+    )
     seed: int = Field(0, description="Seed for requests that give none.")
 
     # --- tensorrt-llm -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from config.settings import Settings
 from engine.builtin.block_manager import BlockManager
 from engine.builtin.model import LlamaModel
 from engine.builtin.model_config import ModelConfig
+from engine.builtin.quant import quantize_int8
 from engine.builtin.runner import ModelRunner
 from engine.builtin.vision.encoder import VisionEncoder, load_encoder
 from engine.builtin.vision.spec import is_vision_checkpoint, language_config
@@ -86,6 +87,10 @@ def load(settings: Settings) -> LoadedModel:
         dummy=settings.load_format == "dummy",
         seed=settings.seed,
     )
+    if settings.quantization == "int8":
+        if device.type != "cpu":
+            raise ValueError("--quantization int8 is for the CPU path; CUDA runs bf16")
+        log.info("int8 weight copies for %d linear layers", quantize_int8(model))
     num_blocks = _num_blocks(settings, cfg, dtype, device)
     bs = settings.block_size
     max_len = min(max_len, num_blocks * bs)
