@@ -52,20 +52,29 @@ class SiblingMismatchError(Exception):
 class RemotePrefillEngine:
     """Wraps the local engine; every protocol member but generate is the inner engine's."""
 
-    def __init__(self, inner: Engine, settings: Settings, stats: RemotePrefillStats) -> None:
+    def __init__(
+        self,
+        inner: Engine,
+        settings: Settings,
+        stats: RemotePrefillStats,
+        transport: httpx.AsyncBaseTransport | None = None,  # tests: httpx.MockTransport
+    ) -> None:
         self.inner = inner
         self.settings = settings
         self.remote_prefill_stats = stats
         self.info: EngineInfo = inner.info
         self.pool = SiblingPool(settings.prefill_url, settings.sibling_backoff)
         self._client: httpx.AsyncClient | None = None
+        self._transport = transport
 
     @property
     def tokenizer_dir(self) -> object:
         return getattr(self.inner, "tokenizer_dir", None)
 
     async def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=self.settings.remote_prefill_timeout)
+        self._client = httpx.AsyncClient(
+            timeout=self.settings.remote_prefill_timeout, transport=self._transport
+        )
         await self.inner.start()
         self.info = self.inner.info
         for sib in self.pool.siblings:
