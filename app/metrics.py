@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
-from contextlib import aclosing
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -151,6 +150,10 @@ class RequestRecorder:
         self._ctx = request_context.current()
         if self._ctx is not None:
             self._ctx.model = metrics.model_name
+        # The per-token series, looked up once: labels() costs more than observe() itself.
+        model = metrics.model_name
+        self._itl = metrics.itl.labels(model)
+        self._generation_tokens = metrics.generation_tokens.labels(model)
 
     def on_event(self, event: TokenEvent) -> None:
         now = time.monotonic()
@@ -162,10 +165,10 @@ class RequestRecorder:
             if ctx is not None and (ctx.ttft_s is None or ttft < ctx.ttft_s):
                 ctx.ttft_s = ttft
         elif event.token_ids:
-            self._m.itl.labels(model).observe(now - self._last)
+            self._itl.observe(now - self._last)
         self._last = now
         if event.token_ids:
-            self._m.generation_tokens.labels(model).inc(len(event.token_ids))
+            self._generation_tokens.inc(len(event.token_ids))
             if ctx is not None:
                 ctx.completion_tokens += len(event.token_ids)
         if event.usage is not None:
@@ -187,13 +190,3 @@ class RequestRecorder:
         if self._ctx is not None:
             self._ctx.finish_reasons.append(reason or "abort")
         self._m.e2e.labels(model).observe(time.monotonic() - self._arrival)
-
-
-async def instrument(
-    events: AsyncGenerator[TokenEvent, None], recorder: RequestRecorder
-) -> AsyncGenerator[TokenEvent, None]:
-    """Pass events through, recording TTFT, inter-token latency and token counts."""
-    async with aclosing(events) as inner:
-        async for event in inner:
-            recorder.on_event(event)
-            yield event

@@ -27,8 +27,11 @@ KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients ignore it, proxies se
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def frame(payload: BaseModel | Mapping[str, Any]) -> bytes:
-    """One `data:` event; pydantic models are dumped as their JSON wire form."""
+def frame(payload: BaseModel | Mapping[str, Any] | bytes) -> bytes:
+    """One `data:` event; pydantic models are dumped as their JSON wire form, bytes are JSON
+    already (a pre-rendered chunk)."""
+    if isinstance(payload, bytes):
+        return b"data: " + payload + b"\n\n"
     if isinstance(payload, BaseModel):
         body = payload.model_dump_json()
     else:

@@ -125,6 +125,8 @@ def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
         "enable_chunked_prefill": settings.enable_chunked_prefill,
         "disable_overlap_scheduler": settings.disable_overlap_scheduler,
     }
+    if "stream_interval" in settings.model_fields_set:
+        args["stream_interval"] = settings.stream_interval
     if settings.model != DEFAULT_MODEL:
         args["model"] = settings.model
     if settings.tokenizer is not None:

@@ -68,6 +68,13 @@ class Settings(BaseSettings):
         True, description="Reuse cached KV blocks of shared prefixes."
     )
     cuda_graphs: bool = Field(True, description="Replay decode steps from CUDA graphs.")
+    stream_interval: int = Field(
+        1,
+        ge=1,
+        description="Send a request's tokens every N engine steps (the first at once; "
+        "TensorRT-LLM's stream_interval). Larger values stream bigger chunks and leave more "
+        "time to the engine at high concurrency.",
+    )
     quantization: Literal["none", "int8"] = Field(
         "none", description="int8: weight-only int8 copies for small CPU batches (CPU only)."
     )

@@ -15,6 +15,7 @@ from app.state import State
 from engine.protocol import GenerateRequest
 from routers import generation as gen
 from routers.chat_images import load_images, template_messages
+from routers.chunk_template import TextChunk
 from routers.render import ChoiceDelta, ChoiceRenderer, chat_logprobs
 from routers.schemas import (
     ChatCompletionChoice,
@@ -65,6 +66,7 @@ class _ChatRun:
         self.created = int(time.time())
         self.top_n = body.top_logprobs or 0
         self.renderers: list[ChoiceRenderer] = []
+        self.templates: dict[int, TextChunk] = {}  # text-only chunk per choice index
         self.prompt_tokens = 0
         opts = body.stream_options
         self.include_usage = bool(opts and opts.include_usage)
@@ -104,9 +106,11 @@ class _ChatRun:
             for i in range(len(self.renderers))
         ]
 
-    def render(self, index: int, delta: ChoiceDelta) -> Iterable[ChatCompletionChunk]:
+    def render(self, index: int, delta: ChoiceDelta) -> Iterable[ChatCompletionChunk | bytes]:
         if delta.is_empty:
             return ()
+        if delta.finish_reason is None and not self.body.logprobs and not self.continuous:
+            return (self._template(index).render(delta.text),)  # text only: the common chunk
         content = self.logprobs(delta)
         choice = ChatCompletionChunkChoice(
             index=index,
@@ -116,6 +120,14 @@ class _ChatRun:
             stop_reason=delta.stop_reason,
         )
         return (self.chunk([choice]),)
+
+    def _template(self, index: int) -> TextChunk:
+        template = self.templates.get(index)
+        if template is None:
+            delta = DeltaMessage(content=TextChunk.marker())
+            marked = self.chunk([ChatCompletionChunkChoice(index=index, delta=delta)])
+            template = self.templates[index] = TextChunk(marked)
+        return template
 
     def epilogue(self) -> list[ChatCompletionChunk]:
         if not self.include_usage:

@@ -14,6 +14,7 @@ from app.deps import Serving, ServingDep
 from app.errors import BadRequestError
 from engine.protocol import GenerateRequest, TokenLogprob
 from routers import generation as gen
+from routers.chunk_template import TextChunk
 from routers.render import ChoiceDelta, ChoiceRenderer, completion_logprobs
 from routers.schemas import (
     CompletionChoice,
@@ -54,6 +55,7 @@ class _ChoiceText:
     echoed: bool = False
     offset: int = 0
     logprobs: CompletionLogprobs = field(default_factory=CompletionLogprobs)
+    template: TextChunk | None = None  # the text-only chunk of this choice, once needed
 
 
 def _check(body: CompletionRequest, serving: Serving) -> None:
@@ -130,9 +132,11 @@ class _CompletionRun:
         choice.offset += sum(len(t) for t in shaped.tokens)
         return text, shaped
 
-    def render(self, index: int, delta: ChoiceDelta) -> Iterable[CompletionResponse]:
+    def render(self, index: int, delta: ChoiceDelta) -> Iterable[CompletionResponse | bytes]:
         if delta.is_empty and not (self.body.echo and not self.choices[index].echoed):
             return ()
+        if self._plain(index, delta):
+            return (self._template(index).render(delta.text),)
         text, logprobs = self._piece(index, delta)
         choice = CompletionChoice(
             index=index,
@@ -142,6 +146,22 @@ class _CompletionRun:
             stop_reason=delta.stop_reason,
         )
         return (self._response([choice], self.usage() if self.continuous else None),)
+
+    def _plain(self, index: int, delta: ChoiceDelta) -> bool:
+        """A mid-stream chunk that is text only: rendered from the choice's template."""
+        return (
+            delta.finish_reason is None
+            and self.body.logprobs is None
+            and not self.continuous
+            and (not self.body.echo or self.choices[index].echoed)
+        )
+
+    def _template(self, index: int) -> TextChunk:
+        choice = self.choices[index]
+        if choice.template is None:
+            marked = CompletionChoice(index=index, text=TextChunk.marker())
+            choice.template = TextChunk(self._response([marked], None))
+        return choice.template
 
     def epilogue(self) -> list[CompletionResponse]:
         return [self._response([], self.usage())] if self.include_usage else []

@@ -20,7 +20,7 @@ from app import request_context
 from app.cancel import cancel_on_disconnect
 from app.deps import Serving
 from app.errors import BadRequestError, ModelNotFoundError, error_payload
-from app.metrics import RequestRecorder, instrument
+from app.metrics import RequestRecorder
 from app.sse import DONE, EventStreamResponse, error_frame, frame
 from engine.protocol import ContextTooLongError, Engine, GenerateRequest, SamplingParams, TokenEvent
 from routers.render import ChoiceDelta, ChoiceRenderer
@@ -133,8 +133,9 @@ async def choice_stream(
     renderer = choice.renderer
     events = cast(AsyncGenerator[TokenEvent, None], engine.generate(choice.request))
     try:
-        async with aclosing(instrument(events, recorder)) as instrumented:
-            async for event in instrumented:
+        async with aclosing(events) as engine_events:
+            async for event in engine_events:
+                recorder.on_event(event)  # inline rather than a wrapper: one generator hop less
                 yield renderer.feed(event)
                 if renderer.finished and event.finish_reason is None:
                     break  # a stop string: closing the engine generator aborts the request
@@ -252,7 +253,7 @@ async def stream_frames(
     first: First,
     items: AsyncGenerator[Item, None],
     prelude: Iterable[BaseModel],
-    render: Callable[[int, ChoiceDelta], Iterable[BaseModel]],
+    render: Callable[[int, ChoiceDelta], Iterable[BaseModel | bytes]],
     epilogue: Callable[[], Iterable[BaseModel]],
 ) -> AsyncGenerator[bytes, None]:
     """SSE frames: prelude, rendered items, epilogue, [DONE]; a failure after the first byte is
@@ -263,8 +264,8 @@ async def stream_frames(
         try:
             item = await _settle(first)
             while item is not None:
-                for chunk in render(*item):
-                    yield frame(chunk)
+                for rendered in render(*item):
+                    yield frame(rendered)
                 item = await anext(rest, None)
         except Exception as exc:
             logger.warning("request %s failed mid-stream: %r", request_id, exc)
@@ -276,9 +277,10 @@ async def stream_frames(
         yield DONE
 
 
+# Prelude chunks, the chunks of one delta (a model, or JSON bytes from a TextChunk), epilogue.
 Renderers = tuple[
     Iterable[BaseModel],
-    Callable[[int, ChoiceDelta], Iterable[BaseModel]],
+    Callable[[int, ChoiceDelta], Iterable[BaseModel | bytes]],
     Callable[[], Iterable[BaseModel]],
 ]
 

@@ -27,6 +27,7 @@ from engine.builtin.sampler import Sampler
 from engine.builtin.scheduler import Scheduler
 from engine.builtin.sequence import Sequence
 from engine.builtin.stepper import Stepper
+from engine.builtin.stream_interval import Event, StreamInterval, merge_events
 from engine.builtin.vision.embedder import ImageEmbedder, create_embedder
 from engine.kv_wire import KvWireError
 from engine.model_source import model_display_name
@@ -45,7 +46,7 @@ from engine.protocol import (
 
 log = logging.getLogger(__name__)
 
-_Event = TokenEvent | BaseException
+_Event = Event
 
 
 class BuiltinEngine:
@@ -65,6 +66,7 @@ class BuiltinEngine:
         self._loaded: LoadedModel | None = None
         self._stepper: Stepper | None = None
         self._vision: ImageEmbedder | None = None
+        self._interval = StreamInterval(settings.stream_interval)
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -274,6 +276,7 @@ class BuiltinEngine:
                 q.put_nowait(ev)
 
     def _emit(self, events: list[tuple[str, _Event]]) -> None:
+        events = self._interval(events)
         if events and self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._dispatch, events)
 
@@ -335,21 +338,3 @@ class BuiltinEngine:
                 return
             self._emit(events)
             time.sleep(0)  # let the event loop thread take the GIL between steps
-
-
-def merge_events(a: TokenEvent, b: TokenEvent) -> TokenEvent:
-    """b's tokens appended to a's; finish, usage and timings are b's, prompt logprobs a's."""
-    logprobs = (
-        None
-        if a.logprobs is None and b.logprobs is None
-        else ((a.logprobs or ()) + (b.logprobs or ()))
-    )
-    return TokenEvent(
-        a.token_ids + b.token_ids,
-        logprobs,
-        finish_reason=b.finish_reason,
-        stop_token_id=b.stop_token_id,
-        usage=b.usage,
-        timings=b.timings,
-        prompt_logprobs=a.prompt_logprobs or b.prompt_logprobs,
-    )

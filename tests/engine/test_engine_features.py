@@ -179,3 +179,26 @@ async def test_slow_consumer_gets_coalesced_events(
     lps = [lp.token_id for ev in slow_events for lp in ev.logprobs or ()]
     assert lps == _tokens(fast)
     assert slow_events[-1].usage is not None and slow_events[-1].usage.completion_tokens == 24
+
+
+async def test_stream_interval_batches_tokens_same_output(
+    make_engine: EngineFactory, chat_prompts: list[list[int]]
+) -> None:
+    """--stream-interval 5: the first token at once, then events of 5 tokens, the remainder with
+    the finish; the tokens and logprobs are those of interval 1."""
+    sp = greedy(23, ignore_eos=True, logprobs=1)
+    prompts = [tuple(p) for p in chat_prompts[:3]]
+    one = await make_engine()
+    expected = [
+        _tokens(await collect(one, GenerateRequest(f"a{i}", p, sp))) for i, p in enumerate(prompts)
+    ]
+    five = await make_engine(stream_interval=5)
+    runs = await asyncio.gather(
+        *(collect(five, GenerateRequest(f"b{i}", p, sp)) for i, p in enumerate(prompts))
+    )
+    for events, want in zip(runs, expected, strict=True):
+        assert _tokens(events) == want
+        assert [len(ev.token_ids) for ev in events] == [1, 5, 5, 5, 5, 2]
+        assert [lp.token_id for ev in events for lp in ev.logprobs or ()] == want
+        assert events[-1].finish_reason == "length"
+    assert five._interval.holding == 0

@@ -69,3 +69,17 @@ def test_prompt_context_keeps_leading_text(tokenizer: Tokenizer) -> None:
     reply = tokenizer.encode(" world 😀", add_special_tokens=False)
     detok = tokenizer.detokenizer(prompt)
     assert "".join(detok.add([i]) for i in reply) + detok.flush() == " world 😀"
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_decode_equals_transformers_decode(tokenizer: Tokenizer, skip_special: bool) -> None:
+    """The streaming path decodes through the Rust tokenizer directly; it must give exactly what
+    transformers' decode gives (special tokens, partial UTF-8, spaces)."""
+    hf = tokenizer._hf
+    rng = random.Random(7)
+    specials = sorted(hf.all_special_ids)
+    for _ in range(50):
+        ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randint(1, 30))]
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(specials))
+        expected = hf.decode(ids, skip_special_tokens=skip_special)
+        assert tokenizer.decode(ids, skip_special_tokens=skip_special) == expected
