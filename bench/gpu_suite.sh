@@ -27,12 +27,17 @@ tail -1 "$OUT/hf_8b.log" > "$OUT/hf_8b.json"
 python3 -m bench.offline --model $M135 $COMMON --max-batch-size 256 --num-prompts 512 \
   --concurrency 256 > "$OUT/offline_135m.log" 2>&1
 tail -1 "$OUT/offline_135m.log" > "$OUT/offline_135m.json"
-python3 -m app serve --model $M135 --load-format dummy --tokenizer "$TOK" --port 8123 \
-  --max-model-len 2304 --max-num-tokens 8192 --max-batch-size 256 --log-level warning \
-  > "$OUT/server_135m.log" 2>&1 &
-SERVER=$!
-python3 -m bench.serve --base-url http://127.0.0.1:8123 --num-prompts 512 --input-len 1024 \
-  --output-len 1024 --max-concurrency 256 --workers 8 > "$OUT/serve_135m.json" 2>"$OUT/serve_135m.err"
-kill "$SERVER"; wait "$SERVER" 2>/dev/null
+# The same engine settings behind the HTTP server: one token per chunk (the default), then
+# --stream-interval 8 (a request's tokens go out every 8 steps; TensorRT-LLM's stream_interval).
+for SI in 1 8; do
+  python3 -m app serve --model $M135 --load-format dummy --tokenizer "$TOK" --port 8123 \
+    --max-model-len 2304 --max-num-tokens 8192 --max-batch-size 256 --log-level warning \
+    --stream-interval $SI > "$OUT/server_135m_si$SI.log" 2>&1 &
+  SERVER=$!
+  python3 -m bench.serve --base-url http://127.0.0.1:8123 --num-prompts 512 --input-len 1024 \
+    --output-len 1024 --max-concurrency 256 --workers 8 > "$OUT/serve_135m_si$SI.json" \
+    2>"$OUT/serve_135m_si$SI.err"
+  kill "$SERVER"; wait "$SERVER" 2>/dev/null
+done
 python3 -m bench.report_gpu "$OUT" > "$OUT/summary.md"
 cat "$OUT/summary.md"

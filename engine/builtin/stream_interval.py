@@ -37,7 +37,8 @@ class StreamInterval:
 
     def __init__(self, interval: int) -> None:
         self.interval = interval
-        self._held: dict[str, TokenEvent] = {}
+        # Held events per request and their token count; merged once, when they go out.
+        self._held: dict[str, tuple[list[TokenEvent], int]] = {}
         self._started: set[str] = set()  # requests whose first token has gone out
 
     def __call__(self, events: list[tuple[str, Event]]) -> list[tuple[str, Event]]:
@@ -50,16 +51,17 @@ class StreamInterval:
                 self._forget(request_id)
                 out.append((request_id, event))
                 continue
-            held = self._held.pop(request_id, None)
-            if held is not None:
-                event = merge_events(held, event)
+            held, count = self._held.pop(request_id, ((), 0))
+            count += len(event.token_ids)
             if event.finish_reason is not None:
                 self._forget(request_id)
-            elif request_id in self._started and len(event.token_ids) < self.interval:
-                self._held[request_id] = event
+            elif request_id in self._started and count < self.interval:
+                self._held[request_id] = ([*held, event], count)
                 continue
-            elif event.token_ids:
+            elif count:
                 self._started.add(request_id)
+            for earlier in reversed(held):
+                event = merge_events(earlier, event)
             out.append((request_id, event))
         return out
 
