@@ -183,6 +183,7 @@ async def _chat(
     run = _ChatRun(body, serving, request_id)
     run.prompt_tokens = len(prompt)
     choices = []
+    engine_ids = gen.engine_request_ids(request_id, body.n)
     for i in range(body.n):
         sampling = gen.sampling_params(
             body, max_tokens, logprobs=run.top_n if body.logprobs else None, seed_offset=i
@@ -195,7 +196,7 @@ async def _chat(
             stop_token_ids=sampling.stop_token_ids,
         )
         run.renderers.append(renderer)
-        req = GenerateRequest(f"{request_id}-{i}", tuple(prompt), sampling, images)
+        req = GenerateRequest(engine_ids[i], tuple(prompt), sampling, images)
         choices.append(gen.Choice(i, req, renderer))
     items = gen.start(serving, choices, arrival)
     prelude = run.prelude()  # before the peek: role chunks report zero completion tokens

@@ -207,6 +207,7 @@ async def _complete(
     want_prompt_logprobs = body.echo and body.logprobs is not None
     run = _CompletionRun(body, serving, request_id)
     choices = []
+    engine_ids = gen.engine_request_ids(request_id, len(prompts) * body.n)
     for p, prompt in enumerate(prompts):
         max_tokens = gen.resolve_max_tokens(
             body.max_tokens, len(prompt.token_ids), serving.info.max_model_len
@@ -228,7 +229,7 @@ async def _complete(
                 stop_token_ids=sampling.stop_token_ids,
             )
             run.choices.append(_ChoiceText(prompt, renderer))
-            req = GenerateRequest(f"{request_id}-{index}", tuple(prompt.token_ids), sampling)
+            req = GenerateRequest(engine_ids[index], tuple(prompt.token_ids), sampling)
             choices.append(gen.Choice(index, req, renderer))
     items = gen.start(serving, choices, arrival)
     headers = {"X-Request-Id": request_id}

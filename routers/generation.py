@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -30,6 +31,16 @@ logger = logging.getLogger(__name__)
 
 MAX_LOGPROBS = 20
 Item = tuple[int, ChoiceDelta]
+
+
+def engine_request_ids(request_id: str, count: int) -> list[str]:
+    """The engine ids of one HTTP request's choices: `{request_id}-{i}`. A client's X-Request-Id
+    may be sent by several requests at once (retries, one id per session), so it also gets a short
+    random tag; the engine keys requests by id and would refuse the second."""
+    ctx = request_context.current()
+    if ctx is not None and ctx.client_supplied:
+        request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+    return [f"{request_id}-{i}" for i in range(count)]
 
 
 def new_request_id(request: Request, prefix: str) -> str:

@@ -3,6 +3,7 @@ end-of-request log line carries it with the model, status, tokens, TTFT, e2e and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -10,6 +11,7 @@ import httpx
 import pytest
 
 from app.logs import JsonFormatter, RequestIdFilter
+from engine.fake import FakeEngine
 from tests.api.ops_helpers import CHAT
 
 
@@ -67,3 +69,20 @@ def test_filter_stamps_request_id() -> None:
     out = json.loads(JsonFormatter().format(record))
     assert out["message"] == "hello"
     assert out["level"] == "info"
+
+
+async def test_same_client_id_twice_at_once_gets_distinct_engine_ids(
+    client: httpx.AsyncClient, fake_engine: FakeEngine
+) -> None:
+    """Two requests with one X-Request-Id in flight together: both answer with that id, and the
+    engine sees two different request ids (the built-in engine refuses a duplicate)."""
+    headers = {"X-Request-Id": "dup-1"}
+    stream = {**CHAT, "stream": True}
+    first, second = await asyncio.gather(
+        client.post("/v1/chat/completions", json=stream, headers=headers),
+        client.post("/v1/chat/completions", json=stream, headers=headers),
+    )
+    assert first.headers["x-request-id"] == second.headers["x-request-id"] == "dup-1"
+    assert '"id":"dup-1"' in first.text and '"id":"dup-1"' in second.text
+    ids = [r.request_id for r in fake_engine.requests]
+    assert len(set(ids)) == 2 and all(i.startswith("dup-1-") for i in ids)
