@@ -58,7 +58,7 @@ class KernelPath:
         return host.to(self.device, non_blocking=True)
 
     @staticmethod
-    def _tables(tables: list[list[int]], rows: int) -> np.ndarray:
+    def _tables(tables: list[np.ndarray], rows: int) -> np.ndarray:
         width = max((len(t) for t in tables), default=1) or 1
         out = np.zeros((rows, width), dtype=np.int32)
         for i, t in enumerate(tables):
@@ -84,8 +84,8 @@ class KernelPath:
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
-        d_tables: list[list[int]] = []
-        pf_tables: list[list[int]] = []
+        d_tables: list[np.ndarray] = []
+        pf_tables: list[np.ndarray] = []
         pf_ctx: list[int] = []
         pf_start: list[int] = []
         pf_len: list[int] = []
@@ -100,12 +100,12 @@ class KernelPath:
                 ids.append(seq.token_ids[p])
                 pos.append(p)
                 slots.append(tbl[p // page] * page + p % page)
-                d_tables.append(tbl)
+                d_tables.append(seq.block_table_array())
             else:
                 pf_start.append(len(ids))
                 pf_len.append(c.length)
                 pf_ctx.append(end)
-                pf_tables.append(tbl)
+                pf_tables.append(seq.block_table_array())
                 ids += seq.token_ids[c.start : end]
                 r = np.arange(c.start, end)
                 pos += r.tolist()
@@ -166,7 +166,7 @@ class KernelPath:
         ids: list[int],
         pos: list[int],
         slots: list[int],
-        tables: list[list[int]],
+        tables: list[np.ndarray],
         prev: torch.Tensor | None,
     ) -> torch.Tensor:
         n = len(ids)

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.protocol import FinishReason, GenerateRequest, SamplingParams, TokenLogprob
@@ -45,6 +46,10 @@ class Sequence:
     # decode-side sequence arrives with the sibling's prompt KV to write into its own blocks.
     hold_kv: bool = False
     kv_import: torch.Tensor | None = None
+    # block_table as an int32 array, with the list object and length it was built from.
+    _table_array: tuple[list[int], int, np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_request(cls, req: GenerateRequest, generator: torch.Generator) -> Sequence:
@@ -58,6 +63,16 @@ class Sequence:
             extra_key=extra,
             images=tuple(img.payload for img in req.images),
         )
+
+    def block_table_array(self) -> np.ndarray:
+        """block_table as int32, rebuilt only when the list grows or is replaced: the CUDA path
+        uploads every running sequence's table each step, and it changes once a block."""
+        cached = self._table_array
+        table = self.block_table
+        # Holding the list keeps its identity unique, so `is` cannot match a new list.
+        if cached is None or cached[0] is not table or cached[1] != len(table):
+            cached = self._table_array = (table, len(table), np.asarray(table, dtype=np.int32))
+        return cached[2]
 
     @property
     def num_tokens(self) -> int:

@@ -171,11 +171,12 @@ class Stepper:
     def _event(
         self, seq: Sequence, tokens: tuple[int, ...], lps: tuple[TokenLogprob, ...] | None
     ) -> TokenEvent:
+        if seq.first_event_sent:
+            return TokenEvent(tokens, lps)  # the per-token hot path: positional is cheapest
+        seq.first_event_sent = True
         prompt_lps = None
-        if not seq.first_event_sent:
-            seq.first_event_sent = True
-            if seq.sampling.prompt_logprobs is not None:
-                prompt_lps = tuple(seq.prompt_logprobs)
+        if seq.sampling.prompt_logprobs is not None:
+            prompt_lps = tuple(seq.prompt_logprobs)
         return TokenEvent(tokens, lps, prompt_logprobs=prompt_lps)
 
     def _final_event(

@@ -16,19 +16,23 @@ Event = TokenEvent | BaseException
 
 def merge_events(a: TokenEvent, b: TokenEvent) -> TokenEvent:
     """b's tokens appended to a's; finish, usage and timings are b's, prompt logprobs a's."""
-    logprobs = (
-        None
-        if a.logprobs is None and b.logprobs is None
-        else ((a.logprobs or ()) + (b.logprobs or ()))
-    )
+    return merge_all([a, b])
+
+
+def merge_all(events: list[TokenEvent]) -> TokenEvent:
+    """One event with the tokens of all; the last one's finish, usage and timings."""
+    if len(events) == 1:
+        return events[0]
+    last = events[-1]
+    lps = [lp for e in events if e.logprobs is not None for lp in e.logprobs]
     return TokenEvent(
-        a.token_ids + b.token_ids,
-        logprobs,
-        finish_reason=b.finish_reason,
-        stop_token_id=b.stop_token_id,
-        usage=b.usage,
-        timings=b.timings,
-        prompt_logprobs=a.prompt_logprobs or b.prompt_logprobs,
+        tuple(t for e in events for t in e.token_ids),
+        tuple(lps) if any(e.logprobs is not None for e in events) else None,
+        finish_reason=last.finish_reason,
+        stop_token_id=last.stop_token_id,
+        usage=last.usage,
+        timings=last.timings,
+        prompt_logprobs=next((e.prompt_logprobs for e in events if e.prompt_logprobs), None),
     )
 
 
@@ -37,8 +41,8 @@ class StreamInterval:
 
     def __init__(self, interval: int) -> None:
         self.interval = interval
-        # Held events per request and their token count; merged once, when they go out.
-        self._held: dict[str, tuple[list[TokenEvent], int]] = {}
+        # Held events per request, merged once when they go out (not once per step).
+        self._held: dict[str, list[TokenEvent]] = {}
         self._started: set[str] = set()  # requests whose first token has gone out
 
     def __call__(self, events: list[tuple[str, Event]]) -> list[tuple[str, Event]]:
@@ -51,17 +55,17 @@ class StreamInterval:
                 self._forget(request_id)
                 out.append((request_id, event))
                 continue
-            held, count = self._held.pop(request_id, ((), 0))
-            count += len(event.token_ids)
-            if event.finish_reason is not None:
-                self._forget(request_id)
-            elif request_id in self._started and count < self.interval:
-                self._held[request_id] = ([*held, event], count)
+            held = self._held.pop(request_id, [])
+            held.append(event)
+            waiting = event.finish_reason is None and request_id in self._started
+            if waiting and sum(len(e.token_ids) for e in held) < self.interval:
+                self._held[request_id] = held
                 continue
-            elif count:
+            event = merge_all(held)
+            if event.finish_reason is not None:
+                self._started.discard(request_id)
+            elif event.token_ids:
                 self._started.add(request_id)
-            for earlier in reversed(held):
-                event = merge_events(earlier, event)
             out.append((request_id, event))
         return out
 
