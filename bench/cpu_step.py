@@ -3,7 +3,7 @@
 Used to pick the CPU dtype (`--dtype auto`): B sequences of random 128-token prompts are prefilled,
 then decode steps are timed through the stepper, the way the engine thread runs them.
 
-  python -m bench.cpu_step --dtype bfloat16 --batch 1 8 32
+  python -m bench.cpu_step --dtype bfloat16 --batch 1 8 32 [--quantization int8]
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from engine.builtin.engine import BuiltinEngine
 from engine.protocol import GenerateRequest, SamplingParams
 
 
-async def step_ms(dtype: str, batch: int, steps: int) -> float:
-    engine = BuiltinEngine(Settings(device="cpu", dtype=dtype))  # type: ignore[arg-type]
+async def step_ms(dtype: str, batch: int, steps: int, quantization: str = "none") -> float:
+    settings = Settings(device="cpu", dtype=dtype, quantization=quantization)  # type: ignore[arg-type]
+    engine = BuiltinEngine(settings)
     await engine.start()
     st = engine._stepper
     assert st is not None
@@ -46,6 +47,7 @@ def main() -> None:
     p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--quantization", choices=["none", "int8"], default="none")
     args = p.parse_args()
     for d in args.dtype:
         for b in args.batch:
@@ -54,8 +56,9 @@ def main() -> None:
                 if os.path.exists("/proc/loadavg")
                 else []
             )
-            ms = asyncio.run(step_ms(d, b, args.steps))
-            row = {"dtype": d, "batch": b, "ms_per_step": ms, "tok_s": b / ms * 1e3}
+            ms = asyncio.run(step_ms(d, b, args.steps, args.quantization))
+            row = {"dtype": d, "quantization": args.quantization, "batch": b, "ms_per_step": ms}
+            row |= {"tok_s": b / ms * 1e3}
             row |= {"threads": torch.get_num_threads(), "load": " ".join(load)}
             print(json.dumps(row), flush=True)
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from engine.builtin.attention import AttentionMetadata, paged_attention
 from engine.builtin.model_config import ModelConfig
-from engine.builtin.rope import RotaryEmbedding
+from engine.builtin.rope import RotaryEmbedding, rotate
 
 if TYPE_CHECKING:
     from engine.builtin.kernels.ops import KernelOps
@@ -32,8 +32,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        # Normalize in float32, round, then scale: HF's order, so bf16 rounds as it does there.
+        xf = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
         return self.weight * xf.to(x.dtype)
 
 
@@ -51,16 +51,19 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        rope: tuple[torch.Tensor, torch.Tensor],
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         attn_fn: AttentionFn,
     ) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = rope(positions, q.view(t, self.nq, self.hd), k.view(t, self.nkv, self.hd))
-        o = attn_fn(q, k, v.view(t, self.nkv, self.hd), kv[0], kv[1], meta, self.scale)
+        """rope: this step's (cos, signed sin) from RotaryEmbedding.tables."""
+        t, qk = x.shape[0], self.q_size + self.kv_size
+        qkv = self.qkv_proj(x)
+        # Q and K heads are adjacent in the fused projection: rotate them in one go.
+        qk_rot = rotate(qkv[:, :qk].view(t, self.nq + self.nkv, self.hd), *rope)
+        q, k = qk_rot[:, : self.nq], qk_rot[:, self.nq :]
+        v = qkv[:, qk:].view(t, self.nkv, self.hd)
+        o = attn_fn(q, k, v, kv[0], kv[1], meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
     def forward_fused(
@@ -88,7 +91,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -128,13 +131,12 @@ class LlamaModel(nn.Module):
         """Hidden states [T, hidden] after the final norm."""
         if self.ops is not None:
             return self._forward_fused(input_ids, positions, kv_caches, meta, inputs_embeds)
-        h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        # A fresh residual stream (never the caller's embeds), so the adds can be in place.
+        h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.clone()
+        rope = self.rope.tables(positions)
         for layer, kv in zip(self.decoder_layers, kv_caches, strict=True):
-            a = layer.self_attn(
-                layer.input_layernorm(h), positions, self.rope, kv, meta, self.attn_fn
-            )
-            h = h + a
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h += layer.self_attn(layer.input_layernorm(h), rope, kv, meta, self.attn_fn)
+            h += layer.mlp(layer.post_attention_layernorm(h))
         out: torch.Tensor = self.norm(h)
         return out
 

@@ -1,6 +1,6 @@
 """ModelRunner: turns scheduled chunks into packed tensors, runs the model, returns logits rows.
 
-Two paths. Portable (CPU): per-sequence slot lists and masks for the SDPA attention in
+Two paths. Portable (CPU): per-sequence block lists and masks for the SDPA attention in
 attention.py. Kernels (CUDA): flat numpy metadata uploaded through pinned memory without a host
 sync, Triton paged attention, and pure-decode steps replayed from CUDA graphs. On CUDA a token id
 may be a placeholder -(r + 1) for row r of the previous step's sampled ids, still on the GPU: the
@@ -73,18 +73,23 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[torch.Tensor] = []
         new_slots: list[torch.Tensor] = []
-        decode_ctx: list[torch.Tensor] = []
-        meta = AttentionMetadata(slot_mapping=torch.empty(0))
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), block_size=self.block_size)
+        decode_slots: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        bs = self.block_size
         for c in ordered:
             seq, end = c.seq, c.start + c.length
             ids += seq.token_ids[c.start : end]
             positions.append(torch.arange(c.start, end, device=self.device))
-            ctx = self._slots(seq.block_table, 0, end)
-            new_slots.append(ctx[c.start :])
             if c.length == 1:
-                decode_ctx.append(ctx)
+                decode_slots.append(seq.block_table[c.start // bs] * bs + c.start % bs)
+                decode_tables.append(seq.block_table[: -(-end // bs)])
+                decode_lens.append(end)
                 meta.num_decodes += 1
             else:
+                ctx = self._slots(seq.block_table, 0, end)
+                new_slots.append(ctx[c.start :])
                 q_start = len(ids) - c.length
                 full = c.start == 0
                 meta.prefills.append(
@@ -96,14 +101,11 @@ class ModelRunner:
                         mask=None if full else causal_offset_mask(c.length, end, self.device),
                     )
                 )
-        meta.slot_mapping = torch.cat(new_slots)
-        if decode_ctx:
-            lens = torch.tensor([len(s) for s in decode_ctx], device=self.device)
-            padded = torch.nn.utils.rnn.pad_sequence(decode_ctx, batch_first=True)
-            meta.decode_slots = padded
-            mask = torch.arange(padded.shape[1], device=self.device) < lens.unsqueeze(1)
-            meta.decode_mask = mask[:, None, None, :]
-            meta.decode_ctx_lens = lens.to(torch.int32)
+        # Decodes come first in `ordered`, so their slots lead the mapping.
+        decode_new = torch.tensor(decode_slots, dtype=torch.long, device=self.device)
+        meta.slot_mapping = torch.cat([decode_new, *new_slots])
+        if decode_tables:
+            self._decode_meta(meta, decode_tables, decode_lens)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         embeds = image_embeds_for(self.model.embed_tokens, ordered, input_ids)
         hidden = self.model(input_ids, torch.cat(positions), self.kv_caches, meta, embeds)
@@ -120,6 +122,23 @@ class ModelRunner:
             offset += c.length
         logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_empty(0)
         return StepOutput(sample_chunks, logits)
+
+    def _decode_meta(
+        self, meta: AttentionMetadata, tables: list[list[int]], lens: list[int]
+    ) -> None:
+        """Block ids per decode row, padded with block 0, and a mask only when lengths differ."""
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        meta.decode_blocks = torch.tensor(padded, dtype=torch.long, device=self.device)
+        meta.decode_len = max(lens)
+        if min(lens) < meta.decode_len:
+            ctx = torch.tensor(lens, device=self.device).unsqueeze(1)
+            keep = torch.arange(meta.decode_len, device=self.device) < ctx
+            # Additive, in the cache dtype: SDPA would convert a bool mask in every layer.
+            dtype = self.kv_caches[0][0].dtype
+            bias = torch.zeros(keep.shape, dtype=dtype, device=self.device)
+            meta.decode_mask = bias.masked_fill_(~keep, float("-inf"))[:, None, None, :]
+        meta.decode_ctx_lens = torch.tensor(lens, dtype=torch.int32, device=self.device)
 
     def _prompt_logprobs(self, c: ScheduledChunk, hidden: torch.Tensor) -> None:
         """Logprob of each prompt token given the ones before it (row p predicts token p+1)."""
