@@ -33,7 +33,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in float32, round, then scale: HF's order, so bf16 rounds as it does there.
-        xf = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
+        xf = x.float()
+        if xf.is_cpu:  # one fused kernel, bit-identical to the chain below on CPU
+            xf = F.rms_norm(xf, self.weight.shape, eps=self.eps)
+        else:  # the eager path on CUDA is the kernels' reference: keep HF's exact ops
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
 
