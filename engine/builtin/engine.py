@@ -336,5 +336,7 @@ class BuiltinEngine:
                 err = EngineDeadError(self._detail)
                 self._emit(events + [(rid, err) for rid in list(self._queues)])
                 return
+            # No voluntary GIL yield between steps: the event loop runs while the engine waits
+            # on the GPU or at the interpreter's switch interval. An explicit sleep(0) here cost
+            # 7-34% of offline and ~20% of served throughput (H100, 135M, 256 streams).
             self._emit(events)
-            time.sleep(0)  # let the event loop thread take the GIL between steps
