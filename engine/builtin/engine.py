@@ -300,6 +300,13 @@ class BuiltinEngine:
         st = self._stepper
         assert st is not None
         stopping = False
+        # Hand the GIL to the event loop between steps on CPU only. A CPU step is hundreds of
+        # eager ops that each drop and retake the GIL; letting the loop render its chunks here,
+        # in one go, keeps it from retaking the GIL mid-step (served tok/s at concurrency 8:
+        # 40-49 with the yield, 35 without). A CUDA step drops the GIL only while it waits on
+        # the GPU, which is when the loop should run: there the yield cost 7-34% of offline and
+        # ~20% of served throughput (H100, 135M, 256 streams).
+        yield_gil = st.device.type != "cuda"
         while True:
             events: list[tuple[str, _Event]] = []
             while True:
@@ -336,7 +343,6 @@ class BuiltinEngine:
                 err = EngineDeadError(self._detail)
                 self._emit(events + [(rid, err) for rid in list(self._queues)])
                 return
-            # No voluntary GIL yield between steps: the event loop runs while the engine waits
-            # on the GPU or at the interpreter's switch interval. An explicit sleep(0) here cost
-            # 7-34% of offline and ~20% of served throughput (H100, 135M, 256 streams).
             self._emit(events)
+            if yield_gil:
+                time.sleep(0)
