@@ -127,11 +127,12 @@ def main() -> None:
     p.add_argument("--gpu-summary", type=Path, default=None)
     p.add_argument("--json-out", type=Path, default=None)
     args = p.parse_args()
+    res = None if args.skip_cpu else cpu_suite(args)
+    # Read the document only now: it may have been edited while the benchmark ran.
     doc = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     if args.gpu_summary is not None:
         doc = replace_section(doc, "gpu", args.gpu_summary.read_text())
-    if not args.skip_cpu:
-        res = cpu_suite(args)
+    if res is not None:
         if args.json_out is not None:
             args.json_out.write_text(json.dumps(res, indent=1))
         doc = replace_section(doc, "cpu", cpu_markdown(res))
