@@ -37,6 +37,7 @@ class Admission:
     """In-flight engine requests of one app. Event-loop only: reserve/release never await."""
 
     def __init__(self, running: int, queued: int | None) -> None:
+        self._queued_limit = queued
         self.capacity = None if queued is None else running + queued
         self.running_limit = running
         self.in_flight = 0
@@ -44,6 +45,12 @@ class Admission:
         self.closed = False
         self._idle = asyncio.Event()
         self._idle.set()
+
+    def set_running_limit(self, running: int) -> None:
+        """The engine's own batch size once it is known (engine args may override the flag)."""
+        self.running_limit = running
+        queued = self._queued_limit
+        self.capacity = None if queued is None else running + queued
 
     @property
     def queued(self) -> int:

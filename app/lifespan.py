@@ -44,6 +44,10 @@ def tokenizer_dir(settings: Settings, engine: Engine) -> Path:
 async def _load(state: State) -> None:
     try:
         await state.engine.start()
+        batch = state.engine.info.max_batch_size
+        if batch and batch != state.admission.running_limit:
+            logger.info("admission sized for the engine's max_batch_size %d", batch)
+            state.admission.set_running_limit(batch)
         path = tokenizer_dir(state.settings, state.engine)
         state.tokenizer = await asyncio.to_thread(Tokenizer.from_dir, path)
         state.metrics.bind_engine(state.engine.health, state.model_name)

@@ -170,7 +170,9 @@ class Settings(BaseSettings):
     max_queued_requests: int | None = Field(
         None,
         ge=0,
-        description="Engine requests admitted beyond --max-batch-size; past it new requests get "
+        description="Engine requests admitted beyond the engine's max batch size "
+        "(--max-batch-size, or a TensorRT-LLM engine-args value that overrides it); past it new "
+        "requests get "
         "503 + Retry-After before any templating or fetching (unset: no limit).",
     )
     sse_keepalive_interval: float = Field(

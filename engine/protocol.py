@@ -26,6 +26,9 @@ class EngineInfo:
     engine: str = "builtin"
     # Layout fingerprint a disaggregation sibling must match (model, dtype, block size, ...).
     kv_layout: str = ""
+    # Requests the engine runs at once, as configured after every layer of engine args
+    # (0: unknown). The gateway sizes admission from it.
+    max_batch_size: int = 0
 
 
 @dataclass(frozen=True, slots=True)

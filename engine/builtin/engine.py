@@ -87,6 +87,7 @@ class BuiltinEngine:
             mode=self.settings.mode,
             kv_layout=lm.kv_layout,
             supports_images=self._vision is not None,
+            max_batch_size=self.settings.max_batch_size,
         )
         sched = Scheduler(lm.blocks, self.settings.max_batch_size, self.settings.max_num_tokens)
         self._stepper = Stepper(lm, sched, Sampler(lm.cfg.eos_token_ids), lm.max_model_len)

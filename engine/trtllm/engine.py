@@ -237,6 +237,8 @@ class TrtllmEngine:
 
     # -- helpers ----------------------------------------------------------------------------
     def _read_info(self) -> EngineInfo:
+        # max_batch_size from the layered args: a YAML or --override may change the flag's value.
+        batch = int(self._args.get("max_batch_size") or 0)
         if _needs_conversion(self._model):  # known after start() converts it
             return EngineInfo(
                 model_id=self._model,
@@ -245,14 +247,16 @@ class TrtllmEngine:
                 eos_token_ids=(),
                 mode=self._settings.mode,
                 engine="trtllm",
+                max_batch_size=batch,
             )
-        return read_engine_info(
+        info = read_engine_info(
             self._model,
             served_name=self._settings.served_model_name,
             mode=self._settings.mode,
             max_seq_len=self._args.get("max_seq_len"),
             trust_remote_code=bool(self._args.get("trust_remote_code")),
         )
+        return dataclasses.replace(info, max_batch_size=batch)
 
     async def _convert_model(self) -> None:
         """'default' or a .gguf file: TensorRT-LLM reads HF checkpoints, so convert (cached)."""

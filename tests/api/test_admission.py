@@ -4,6 +4,7 @@ any work, and every exit path (success, error, validation failure) gives the slo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import httpx
 
@@ -94,3 +95,23 @@ async def test_unlimited_by_default(client: httpx.AsyncClient) -> None:
         *(client.post("/v1/chat/completions", json=CHAT) for _ in range(8))
     )
     assert [r.status_code for r in results] == [200] * 8
+
+
+async def test_admission_follows_the_engine_batch_size(
+    settings: Settings, fake_engine: FakeEngine
+) -> None:
+    """The engine reports max_batch_size 1 (its engine args overrode the flag's 8): with one
+    queued slot, the third concurrent request is refused."""
+    fake_engine.info = dataclasses.replace(fake_engine.info, max_batch_size=1)
+    fake_engine.delay_s = 0.02
+    async with serve(settings, fake_engine, max_batch_size=8, max_queued_requests=1) as (
+        app,
+        client,
+    ):
+        admission = drain_of(app).admission
+        assert (admission.running_limit, admission.capacity) == (1, 2)
+        long = {**CHAT, "max_tokens": 40, "ignore_eos": True}
+        held = [asyncio.create_task(client.post("/v1/chat/completions", json=long)) for _ in "ab"]
+        await wait_until(lambda: admission.in_flight == 2)
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 503
+        assert all(r.status_code == 200 for r in await asyncio.gather(*held))

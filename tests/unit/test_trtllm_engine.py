@@ -369,3 +369,13 @@ async def test_decode_skips_the_engine_when_context_already_finished(model_dir: 
         assert decode._llm.recorded_requests == []
     finally:
         await decode.stop()
+
+
+async def test_info_max_batch_size_follows_the_layered_args(model_dir: Path) -> None:
+    """A --override (or YAML) max_batch_size wins over the flag, and info reports the winner:
+    the gateway sizes admission from it."""
+    eng = await _engine(model_dir, max_batch_size=64, override_engine_args='{"max_batch_size": 3}')
+    try:
+        assert eng.info.max_batch_size == 3
+    finally:
+        await eng.stop()
