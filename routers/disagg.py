@@ -7,6 +7,7 @@
     DELETE /internal/v1/kv/{id}        free held KV without pulling it
 
 A client (the decode sibling) that disconnects during the prefill cancels it and frees its blocks.
+A prefill takes an admission slot like a generation request (503 + Retry-After when full).
 """
 
 from __future__ import annotations
@@ -96,7 +97,13 @@ async def prefill(body: PrefillBody, request: Request, serving: ServingDep) -> d
         prompt_token_ids=tuple(body.prompt_token_ids),
         sampling=_sampling(body.sampling),
     )
-    res = await cancel_on_disconnect(request.receive, serving.engine.prefill(req))
+    # A context phase is engine work like any request: it counts against admission, so an
+    # overloaded prefill instance answers 503 and the decode sibling prefills locally.
+    slot = serving.admission.reserve(1)
+    try:
+        res = await cancel_on_disconnect(request.receive, serving.engine.prefill(req))
+    finally:
+        slot.release()
     return _result_json(res)
 
 

@@ -7,10 +7,11 @@ import asyncio
 import dataclasses
 
 import httpx
+import pytest
 
 from config.settings import Settings
 from engine.fake import FakeEngine
-from engine.protocol import OverloadedError
+from engine.protocol import GenerateRequest, OverloadedError, PrefillResult
 from tests.api.ops_helpers import CHAT, drain_of, serve, wait_until
 
 
@@ -115,3 +116,30 @@ async def test_admission_follows_the_engine_batch_size(
         await wait_until(lambda: admission.in_flight == 2)
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 503
         assert all(r.status_code == 200 for r in await asyncio.gather(*held))
+
+
+async def test_sibling_prefill_counts_against_admission(
+    settings: Settings, fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/internal/v1/prefill takes a slot: with one running and none queued, a second context
+    phase while the first runs is a 503, and the slot comes back afterwards."""
+    gate = asyncio.Event()
+    real_prefill = fake_engine.prefill
+
+    async def slow_prefill(req: GenerateRequest) -> PrefillResult:
+        await gate.wait()
+        return await real_prefill(req)
+
+    monkeypatch.setattr(fake_engine, "prefill", slow_prefill)
+    body = {"request_id": "ctx-1", "prompt_token_ids": [5, 6, 7]}
+    async with serve(
+        settings, fake_engine, mode="prefill", max_batch_size=1, max_queued_requests=0
+    ) as (app, client):
+        admission = drain_of(app).admission
+        first = asyncio.create_task(client.post("/internal/v1/prefill", json=body))
+        await wait_until(lambda: admission.in_flight == 1)
+        r = await client.post("/internal/v1/prefill", json={**body, "request_id": "ctx-2"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
+        gate.set()
+        assert (await first).status_code == 200
+        assert admission.in_flight == 0
