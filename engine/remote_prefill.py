@@ -45,6 +45,10 @@ class SiblingError(Exception):
     """A sibling failed (unreachable, timeout, non-2xx, bad payload); fall back if allowed."""
 
 
+class SiblingBusyError(SiblingError):
+    """A sibling answered 503 (full or draining): prefill locally, but it is not unhealthy."""
+
+
 class SiblingMismatchError(Exception):
     """A sibling serves another model or KV layout: a configuration error, never a fallback."""
 
@@ -127,6 +131,9 @@ class RemotePrefillEngine:
         except SiblingMismatchError as e:
             self.remote_prefill_stats.record("failed")
             raise RemotePrefillFailedError(str(e)) from None
+        except SiblingBusyError as e:
+            self._fallback(req, f"prefill sibling {sib.url} is busy: {e}")
+            return None
         except SiblingError as e:
             self._mark(sib, healthy=False)
             self._fallback(req, f"prefill sibling {sib.url} failed: {e}")
@@ -220,7 +227,8 @@ class RemotePrefillEngine:
         except httpx.HTTPError as e:
             raise SiblingError(f"{type(e).__name__}: {e}") from None
         if res.status_code != 200:
-            raise SiblingError(f"{method} {path} answered {res.status_code}: {res.text[:200]}")
+            error = SiblingBusyError if res.status_code == 503 else SiblingError
+            raise error(f"{method} {path} answered {res.status_code}: {res.text[:200]}")
         return res
 
 

@@ -28,7 +28,7 @@ PROMPT = tuple(range(1, 41))
 
 
 def sibling(
-    layout: str = "L1", fail: bool = False, down_for: int = 0
+    layout: str = "L1", fail: bool = False, down_for: int = 0, busy: bool = False
 ) -> tuple[httpx.MockTransport, list[str]]:
     seen: list[str] = []
 
@@ -42,6 +42,9 @@ def sibling(
             return httpx.Response(
                 200, json={"protocol_version": 1, "model": "m", "kv_layout": layout}
             )
+        if request.url.path == "/internal/v1/prefill" and busy:
+            error = {"message": "overloaded", "code": "queue_full"}
+            return httpx.Response(503, json={"error": error}, headers={"Retry-After": "1"})
         if request.url.path == "/internal/v1/prefill":
             return httpx.Response(
                 200,
@@ -94,6 +97,18 @@ async def test_failed_sibling_falls_back_or_fails_when_required() -> None:
     events, stats = await run(transport, max_local_prefill_tokens=0)
     assert stats.outcomes["local_fallback"] == 1 and events[-1].finish_reason is not None
     assert stats.siblings_healthy == {"http://p1": False}
+    with pytest.raises(RemotePrefillFailedError):
+        await run(transport, max_local_prefill_tokens=0, require_remote_prefill=True)
+
+
+async def test_busy_sibling_falls_back_and_stays_healthy() -> None:
+    """A 503 (the sibling's admission is full, or it drains) is not a failure: prefill locally
+    and keep picking it."""
+    transport, seen = sibling(busy=True)
+    events, stats = await run(transport, max_local_prefill_tokens=0)
+    assert "POST /internal/v1/prefill" in seen
+    assert stats.outcomes["local_fallback"] == 1 and events[-1].finish_reason is not None
+    assert stats.siblings_healthy.get("http://p1") is not False  # never marked unhealthy
     with pytest.raises(RemotePrefillFailedError):
         await run(transport, max_local_prefill_tokens=0, require_remote_prefill=True)
 
