@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 USAGE = """usage: trtllm-gateway COMMAND [ARGS]
@@ -10,6 +11,7 @@ commands:
   serve [flags]        run the OpenAI-compatible server (serve --help lists the flags)
   config check FILE    validate an engine-args YAML file
   config show [flags]  print the effective configuration
+  bench sweep [flags]  performance sweep over engine configs and concurrencies (docs/sweeps.md)
   version              print the version
 """
 
@@ -25,6 +27,8 @@ def serve(argv: list[str]) -> int:
     from app.main import create_app
     from app.server import GatewayServer
     from config.settings import Settings
+    from engine.factory import preflight
+    from engine.protocol import EngineError
 
     try:
         settings = Settings(_cli_parse_args=argv)
@@ -32,6 +36,11 @@ def serve(argv: list[str]) -> int:
         sys.stderr.write(f"trtllm-gateway serve: invalid settings\n{exc}\n")
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    try:
+        preflight(settings)  # e.g. --engine trtllm without TensorRT-LLM: one line, no traceback
+    except (EngineError, ValueError) as exc:
+        sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
+        return 1
     try:
         app = create_app(settings)
     except OSError as exc:  # an unreadable --api-key-file
@@ -73,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         return serve(rest)
     if command == "config":
         return _config(rest)
+    if command == "bench" and rest[:1] == ["sweep"]:
+        # bench/ is not an installed package: it is read from the repository root (the current
+        # directory), which a console script does not put on sys.path by itself.
+        sys.path.insert(0, os.getcwd())
+        from bench.sweep import main as sweep_main
+
+        return sweep_main(rest[1:])
     if command == "version":
         from app.version import VERSION
 

@@ -87,7 +87,7 @@ def from_engine_error(exc: EngineError) -> GatewayError:
     if isinstance(exc, ContextTooLongError):
         return BadRequestError(str(exc), code="context_length_exceeded")
     if isinstance(exc, InvalidRequestError):
-        return BadRequestError(str(exc))
+        return BadRequestError(str(exc), param=exc.param)
     if isinstance(exc, OverloadedError):
         return ServiceUnavailableError(str(exc) or "Server overloaded", code="overloaded")
     if isinstance(exc, EngineDeadError):

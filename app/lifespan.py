@@ -21,7 +21,9 @@ from app.metrics import GatewayMetrics
 from app.state import State
 from config.settings import Settings
 from engine.factory import create_engine
-from engine.protocol import Engine
+from engine.kv_events_zmq import ZmqKvPublisher
+from engine.protocol import Engine, KvEventSource
+from engine.remote_prefill import RemotePrefillEngine
 from engine.remote_prefill_stats import RemotePrefillStats
 from engine.tokenizer import Tokenizer
 from multimodal import MediaCache
@@ -41,16 +43,24 @@ def tokenizer_dir(settings: Settings, engine: Engine) -> Path:
     raise RuntimeError(f"no tokenizer directory for model {settings.model!r}; pass --tokenizer")
 
 
-async def _load(state: State) -> None:
+async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
     try:
         await state.engine.start()
+        address = state.settings.kv_events_zmq
+        if address and isinstance(state.engine, KvEventSource):
+            publishers.append(ZmqKvPublisher(state.engine.kv_event_log, address))
+            logger.info("KV events on ZMQ %s", publishers[-1].address)
         batch = state.engine.info.max_batch_size
         if batch and batch != state.admission.running_limit:
             logger.info("admission sized for the engine's max_batch_size %d", batch)
             state.admission.set_running_limit(batch)
         path = tokenizer_dir(state.settings, state.engine)
-        state.tokenizer = await asyncio.to_thread(Tokenizer.from_dir, path)
+        state.tokenizer = await asyncio.to_thread(
+            Tokenizer.from_dir, path, state.settings.chat_template
+        )
         state.metrics.bind_engine(state.engine.health, state.model_name)
+        if isinstance(state.engine, RemotePrefillEngine) and state.engine.followers:
+            state.metrics.bind_kv_routing(state.engine.pool.kv_stats)
         stats = getattr(state.engine, "remote_prefill_stats", None)
         if isinstance(stats, RemotePrefillStats):
             state.metrics.bind_remote_prefill(stats)
@@ -78,7 +88,8 @@ def create_lifespan(
                 media_cache=MediaCache(settings.media_cache_bytes),
             )
             drain.bind(state)
-            loading = asyncio.create_task(_load(state), name="engine-load")
+            publishers: list[ZmqKvPublisher] = []  # --kv-events-zmq
+            loading = asyncio.create_task(_load(state, publishers), name="engine-load")
             try:
                 yield {"gateway": state}
             finally:
@@ -86,6 +97,8 @@ def create_lifespan(
                 loading.cancel()
                 await asyncio.gather(loading, return_exceptions=True)
                 await state.stop_engine()
+                for publisher in publishers:
+                    publisher.close()
                 logger.info("engine stopped")
 
     return lifespan

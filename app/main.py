@@ -22,7 +22,7 @@ from app.request_context import HEADER, RequestContextMiddleware
 from app.version import VERSION
 from config.settings import Settings
 from engine.protocol import Engine
-from routers import chat, completions, disagg, encode, health, models
+from routers import chat, completions, disagg, encode, health, kv_events, models
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
@@ -40,7 +40,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     )
     app.state.drain = drain
     install_error_handlers(app, on_disconnect=metrics.client_disconnected)
-    for module in (chat, completions, models, health, disagg, encode):
+    for module in (chat, completions, models, health, disagg, encode, kv_events):
         app.include_router(module.router)
     # add_middleware wraps: the last added runs first.
     app.add_middleware(ForwardCallerAuth)

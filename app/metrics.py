@@ -26,6 +26,7 @@ from app.ops_collectors import (
 )
 from engine.protocol import EngineHealth, FinishReason, TokenEvent
 from engine.remote_prefill_stats import RemotePrefillStats
+from engine.siblings import KvRoutingStats
 from multimodal.metrics import MediaMetrics
 
 PREFIX = "trtllm_gateway:"
@@ -72,6 +73,45 @@ class _EngineCollector(Collector):
             yield counter
 
 
+_HIT_TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
+
+
+class _KvRoutingCollector(Collector):
+    """A decode instance's KV-aware sibling choices (docs/kv_events.md), once bound."""
+
+    def __init__(self) -> None:
+        self.stats: KvRoutingStats | None = None
+        self._hits = Histogram(
+            PREFIX + "kv_routing_prefix_hit_tokens",
+            "Prompt tokens cached at the prefill sibling chosen, per choice.",
+            buckets=_HIT_TOKEN_BUCKETS,
+            registry=None,
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        if self.stats is None:
+            return
+        choices = CounterMetricFamily(
+            PREFIX + "kv_routing_choices",
+            "Prefill sibling choices: by cached prefix (prefix) or by load only (load).",
+            labels=["reason"],
+        )
+        for reason in ("prefix", "load"):
+            choices.add_metric([reason], float(self.stats.choices.get(reason, 0)))
+        yield choices
+        by_sibling = CounterMetricFamily(
+            PREFIX + "kv_routing_hit_tokens",
+            "Cached prompt tokens found at the chosen prefill sibling, by sibling.",
+            labels=["sibling"],
+        )
+        for url, tokens in sorted(self.stats.prefix_hit_tokens.items()):
+            by_sibling.add_metric([url], float(tokens))
+        yield by_sibling
+        for hit in self.stats.drain_hits():
+            self._hits.observe(hit)
+        yield from self._hits.collect()
+
+
 class GatewayMetrics:
     """Every engine/request metric of one app, registered in its own registry."""
 
@@ -84,6 +124,7 @@ class GatewayMetrics:
         self.media = MediaMetrics()
         self._remote_prefill = RemotePrefillCollector(lambda: self.model_name)
         self._remote_encode = RemoteEncodeCollector(lambda: self.model_name)
+        self._kv_routing = _KvRoutingCollector()
         label = ["model_name"]
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -115,6 +156,7 @@ class GatewayMetrics:
         registry.register(MediaCollector(self.media))
         registry.register(self._remote_prefill)
         registry.register(self._remote_encode)
+        registry.register(self._kv_routing)
 
     def bind_engine(self, health: Callable[[], EngineHealth], model_name: str) -> None:
         self._health = health
@@ -123,6 +165,10 @@ class GatewayMetrics:
     def bind_remote_prefill(self, stats: RemotePrefillStats) -> None:
         """Export a remote-prefill engine's counters (decode instances with --prefill-url)."""
         self._remote_prefill.bind(stats)
+
+    def bind_kv_routing(self, stats: KvRoutingStats) -> None:
+        """Export KV-aware routing choices (decode instances following 2+ prefill siblings)."""
+        self._kv_routing.stats = stats
 
     def bind_remote_encode(self, outcomes: collections.Counter[str]) -> None:
         """Export remote-encode outcomes (vision instances with --encode-url)."""

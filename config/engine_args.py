@@ -1,9 +1,13 @@
 """Engine-argument layering: built-in defaults < CLI flags < --extra-engine-args < --override.
 
-Each layer is a plain dict; later layers win and nested dicts merge key by key, so a YAML
-`kv_cache_config: {dtype: fp8}` keeps the flags' `free_gpu_memory_fraction` (TensorRT-LLM's own
-YAML merge is shallow and would drop it). Every failure is an `EngineArgsError` whose one-line
-message names the source (file or flag), the key path and the reason; never a traceback.
+Each layer is a plain dict; later layers win and nested dicts merge key by key at every depth,
+so a YAML `kv_cache_config: {dtype: fp8}` keeps the flags' `free_gpu_memory_fraction`. (trtllm-
+serve's own --extra_llm_api_options merge is shallow: `llm_args | llm_args_dict` in
+tensorrt_llm/llmapi/llm_args.py, update_llm_args_with_extra_dict, so a YAML section replaces
+the flags' section whole, e.g. a YAML scheduler_config drops every scheduler key it does not
+name; later versions deep-merge kv_cache_config only.)
+Every failure is an `EngineArgsError` whose one-line message names the source (file or flag),
+the key path and the reason; never a traceback.
 """
 
 from __future__ import annotations
@@ -14,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from config.settings import DEFAULT_MODEL, Settings
-from config.trtllm_schema import validate_trtllm_args
+from config.trtllm_schema import trtllm_args_errors
 
 Layer = tuple[str, dict[str, Any]]  # (source name for error messages, args)
 
@@ -81,19 +84,17 @@ def parse_override(text: str) -> dict[str, Any]:
 def trtllm_default_args(settings: Settings) -> dict[str, Any]:
     """The built-in layer: what the gateway always wants from TensorRT-LLM unless told otherwise."""
     args: dict[str, Any] = {
-        "scheduler_config": {
-            "capacity_scheduler_policy": "GUARANTEED_NO_EVICT",
-            "dynamic_batch_config": {
-                "enable_batch_size_tuning": True,
-                "enable_max_num_tokens_tuning": False,
-                "dynamic_batch_moving_average_window": 128,
-            },
-        },
+        # No dynamic_batch_config: only the TensorRT backend uses it (the PyTorch one ignores it).
+        "scheduler_config": {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"},
         # get_stats_async yields nothing without it; /metrics needs the gauges.
         "enable_iter_perf_stats": True,
     }
     if settings.mode in ("prefill", "decode"):
-        args["cache_transceiver_config"] = {"backend": settings.cache_transceiver_backend}
+        args["cache_transceiver_config"] = {
+            "backend": settings.cache_transceiver_backend,
+            # Without it a context request whose KV no decode fetches holds its blocks forever.
+            "kv_transfer_timeout_ms": int(settings.kv_handoff_timeout * 1000),
+        }
     return args
 
 
@@ -110,21 +111,29 @@ def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
     if settings.enable_kv_events:
         kv_cache["event_buffer_max_size"] = 1024
         kv_cache["enable_block_reuse"] = True  # KV events need block reuse
+    if settings.enable_kv_events and settings.trtllm_backend != "pytorch":
+        raise EngineArgsError(
+            "--enable-kv-events: KV cache events need --trtllm-backend pytorch "
+            f"(the {settings.trtllm_backend} backend publishes none)"
+        )
     args: dict[str, Any] = {
         "backend": settings.trtllm_backend,
         "tensor_parallel_size": settings.tensor_parallel_size,
         "pipeline_parallel_size": settings.pipeline_parallel_size,
         "enable_attention_dp": settings.enable_attention_dp,
         "max_batch_size": settings.max_batch_size,
-        "max_num_tokens": settings.max_num_tokens,
         "max_beam_width": settings.max_beam_width,
         "trust_remote_code": settings.trust_remote_code,
         "dtype": settings.dtype,
         "load_format": settings.load_format,
         "kv_cache_config": kv_cache,
-        "enable_chunked_prefill": settings.enable_chunked_prefill,
         "disable_overlap_scheduler": settings.disable_overlap_scheduler,
     }
+    # The built-in engine's own defaults (2048, no chunking) would cap TensorRT-LLM's prompts
+    # at 2048 tokens; TensorRT-LLM's default max_num_tokens is 8192. Send them only if given.
+    for name in ("max_num_tokens", "enable_chunked_prefill"):
+        if name in settings.model_fields_set:
+            args[name] = getattr(settings, name)
     if "stream_interval" in settings.model_fields_set:
         args["stream_interval"] = settings.stream_interval
     if settings.model != DEFAULT_MODEL:
@@ -160,7 +169,8 @@ def trtllm_layers(settings: Settings) -> list[Layer]:
 
 
 def merge_and_validate(layers: list[Layer]) -> dict[str, Any]:
-    """Deep-merge the layers, validate against the TensorRT-LLM 1.2 schema, return the dict.
+    """Deep-merge the layers, validate (config.trtllm_schema: TorchLlmArgs itself when
+    tensorrt_llm imports, else the 1.2 schema), return the dict.
 
     Raises EngineArgsError naming the layer that set the first bad key (or the last layer that
     touched its parent, for a missing field).
@@ -168,10 +178,9 @@ def merge_and_validate(layers: list[Layer]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for _, args in layers:
         merged = deep_merge(merged, args)
-    try:
-        validate_trtllm_args(merged)
-    except ValidationError as exc:
-        raise EngineArgsError(describe_validation_error(exc, layers)) from None
+    errors = trtllm_args_errors(merged)
+    if errors:
+        raise EngineArgsError(describe_errors(errors, layers))
     return merged
 
 
@@ -180,10 +189,10 @@ def resolve_trtllm_args(settings: Settings) -> dict[str, Any]:
     return merge_and_validate(trtllm_layers(settings))
 
 
-def describe_validation_error(exc: ValidationError, layers: list[Layer]) -> str:
+def describe_errors(errors: list[dict[str, Any]], layers: list[Layer]) -> str:
     """One line per bad key: `<source>: <key.path>: <reason>`, joined with '; '."""
     parts = []
-    for err in exc.errors():
+    for err in errors:
         loc = [str(p) for p in err["loc"] if not _is_union_tag(p)]
         key = ".".join(loc) or "<root>"
         reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]

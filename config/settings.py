@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from config.prefill_pools import parse_prefill_pools
 
 DEFAULT_MODEL = "default"
 
@@ -55,7 +57,11 @@ class Settings(BaseSettings):
     )
     max_model_len: int | None = Field(None, ge=16, description="Context length cap.")
     max_batch_size: int = Field(64, ge=1, description="Most requests running at once.")
-    max_num_tokens: int = Field(2048, ge=16, description="Token budget per engine step.")
+    max_num_tokens: int = Field(
+        2048,
+        ge=16,
+        description="Token budget per engine step (trtllm: sent only if given; its default 8192).",
+    )
     block_size: int = Field(16, ge=1, description="Tokens per KV-cache block.")
     num_kv_blocks: int | None = Field(None, ge=2, description="KV blocks (overrides fraction).")
     kv_cache_fraction: float = Field(
@@ -79,6 +85,12 @@ class Settings(BaseSettings):
         "none", description="int8: weight-only int8 copies for small CPU batches (CPU only)."
     )
     seed: int = Field(0, description="Seed for requests that give none.")
+    engine_process: bool = Field(
+        True,
+        description="Run the built-in engine's step loop in its own process (ZMQ to the "
+        "gateway), so HTTP and the engine do not share one GIL; --no-engine-process keeps it "
+        "in a thread of the gateway (tests, debugging).",
+    )
 
     # --- tensorrt-llm -----------------------------------------------------------------------
     # Used by --engine trtllm; config/engine_args.py maps them onto TensorRT-LLM LLM args.
@@ -93,13 +105,17 @@ class Settings(BaseSettings):
     enable_attention_dp: bool = Field(False, description="Attention data parallelism.")
     max_beam_width: int = Field(1, ge=1, description="Beam width the engine reserves for.")
     trust_remote_code: bool = Field(False, description="Allow model code from the model dir.")
-    enable_chunked_prefill: bool = Field(False, description="Split long prompts across steps.")
+    enable_chunked_prefill: bool = Field(
+        False, description="Split long prompts across steps (trtllm: sent only if given)."
+    )
     disable_overlap_scheduler: bool = Field(False, description="Turn off the overlap scheduler.")
     cuda_graph_batch_sizes: list[int] | None = Field(
         None, description="CUDA graph batch sizes (unset: TensorRT-LLM's own list)."
     )
     guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = Field(
-        None, description="Structured output backend (needed for response_format)."
+        None,
+        description="TensorRT-LLM's structured output backend (trtllm: needed for "
+        "response_format; a Lark grammar needs llguidance).",
     )
     enable_kv_events: bool = Field(False, description="Publish KV-cache events for routers.")
     cache_transceiver_backend: Literal["DEFAULT", "UCX", "NIXL", "MPI"] = Field(
@@ -145,6 +161,33 @@ class Settings(BaseSettings):
     )
     max_logprobs: int = Field(20, ge=0, le=20, description="Most top_logprobs a request may ask.")
 
+    # --- structured outputs, tools, reasoning (routers/structured.py, tool_parsers/, reasoning/)
+    tool_call_parser: Literal[
+        "auto",
+        "none",
+        "hermes",
+        "qwen",
+        "llama3_json",
+        "mistral",
+        "deepseek_v3",
+        "deepseek_r1",
+        "pythonic",
+        "harmony",
+    ] = Field(
+        "auto",
+        description="Format of the model's tool calls (auto: from the chat template; none: "
+        "tool_choice auto returns content).",
+    )
+    reasoning_parser: Literal["deepseek_r1", "qwen3", "gpt_oss"] | None = Field(
+        None, description="Split thinking into message.reasoning_content (unset: off)."
+    )
+    chat_template: str | None = Field(
+        None, description="Jinja chat template (a file, or the text) replacing the model's."
+    )
+    max_grammar_bytes: int = Field(
+        65536, ge=1, description="Largest response_format schema, regex or grammar, in bytes."
+    )
+
     # --- disaggregation -----------------------------------------------------------------------
     prefill_url: list[str] = Field(
         default_factory=list, description="Sibling prefill instances (decode mode), comma list."
@@ -163,6 +206,20 @@ class Settings(BaseSettings):
     )
     kv_handoff_timeout: float = Field(
         30.0, gt=0.0, description="Seconds a prefill instance keeps KV blocks nobody pulled."
+    )
+
+    # --- KV-aware routing (docs/kv_events.md) ---------------------------------------------------
+    kv_events_zmq: str | None = Field(
+        None, description="Also publish KV events on a ZMQ PUB socket here (tcp://*:5557)."
+    )
+    kv_routing: bool = Field(
+        True, description="With 2+ prefill siblings, prefer the one holding the longest prefix."
+    )
+    kv_routing_load_weight: float = Field(
+        1.0, ge=0.0, description="Cost of a token queued at a sibling vs an uncached one."
+    )
+    prefill_pools: str | None = Field(
+        None, description="Prompt-length ranges to sibling groups: '0-2048=URL,URL;2048-=URL'."
     )
 
     # --- operations ---------------------------------------------------------------------------
@@ -200,6 +257,12 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per log line."
     )
+
+    @model_validator(mode="after")
+    def _check_prefill_pools(self) -> Settings:
+        if self.prefill_pools:
+            parse_prefill_pools(self.prefill_pools, self.prefill_url)  # ValueError names the part
+        return self
 
     @field_validator("api_key", mode="before")
     @classmethod

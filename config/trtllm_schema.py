@@ -1,16 +1,21 @@
-"""Strict pydantic schema of the TensorRT-LLM 1.2 `LLM(...)` arguments (PyTorch backend).
+"""Validation of the TensorRT-LLM 1.2 `LLM(...)` arguments (PyTorch backend).
 
-Mirrors `TorchLlmArgs` and its nested configs as documented in shared/reference/trtllm_api.md:
-unknown keys are errors at every level (TensorRT-LLM's own models are `extra="forbid"`) and types
-are checked strictly, so a typo in an engine YAML fails `config check`, not a GPU start-up. Used
-only to validate; the adapter passes the plain merged dict on to TensorRT-LLM.
+When `tensorrt_llm` is importable, the args are checked against `TorchLlmArgs` itself: every
+key must be one of its fields, and each value is validated against that field's own type
+(nested configs with their own validators, unknown nested keys included). TorchLlmArgs'
+model-level validators are not run here: they need a GPU (dtype) and load the tokenizer, and
+run anyway when the LLM is built. Without tensorrt_llm (CPU CI, `config check` on a laptop) the
+hand-written strict schema below is the fallback; it mirrors 1.2's TorchLlmArgs (checked against
+llm_args.py and Dynamo's 1.2 configs), and is stricter about types (no "8" for 8). Either way
+errors are pydantic error dicts; config.engine_args turns them into one-line messages.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 AUTODEPLOY_UNSUPPORTED: tuple[str, ...] = (
     "build_config",
@@ -53,7 +58,7 @@ class KvCacheConfig(StrictModel):
 
 
 class DynamicBatchConfig(StrictModel):
-    # No defaults in 1.0/1.1; pass all three, as trtllm-serve and Dynamo do.
+    # No defaults in 1.0/1.1: all three or none. Only the TensorRT backend uses it.
     enable_batch_size_tuning: bool
     enable_max_num_tokens_tuning: bool
     dynamic_batch_moving_average_window: int
@@ -64,7 +69,9 @@ class SchedulerConfig(StrictModel):
         "GUARANTEED_NO_EVICT"
     )
     context_chunking_policy: Literal["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"] | None = None
+    # Kept for the TensorRT backend; TensorRT-LLM's PyTorch backend ignores it.
     dynamic_batch_config: DynamicBatchConfig | None = None
+    waiting_queue_policy: Literal["FCFS"] = "FCFS"
 
 
 class CudaGraphConfig(StrictModel):
@@ -96,6 +103,18 @@ class MoeConfig(StrictModel):
     ] = "AUTO"
     max_num_tokens: int | None = None
     load_balancer: str | dict[str, Any] | None = None
+    disable_finalize_fusion: bool = False
+    use_low_precision_moe_combine: bool = False
+
+
+Nvfp4Backend = Literal["cutlass", "cublaslt", "cutedsl", "cuda_core"]
+_NVFP4_DEFAULT: tuple[Nvfp4Backend, ...] = ("cutlass", "cublaslt", "cuda_core")
+
+
+class Nvfp4GemmConfig(StrictModel):
+    allowed_backends: list[Nvfp4Backend] = Field(
+        default_factory=lambda: list(_NVFP4_DEFAULT), min_length=1
+    )
 
 
 class AttentionDpConfig(StrictModel):
@@ -132,6 +151,7 @@ class EagleDecodingConfig(_DecodingBase):
     max_non_leaves_per_layer: int | None = None
     eagle3_one_model: bool | None = True
     eagle3_layers_to_capture: list[int] | None = None
+    eagle3_model_arch: Literal["llama3", "mistral_large3"] = "llama3"
 
 
 class NGramDecodingConfig(_DecodingBase):
@@ -178,6 +198,9 @@ class TrtllmArgs(StrictModel):
     dtype: str = "auto"
     revision: str | None = None
     tokenizer_revision: str | None = None
+    custom_tokenizer: str | None = None
+    model_kwargs: dict[str, Any] | None = None
+    env_overrides: dict[str, str] | None = None
     backend: Literal["pytorch", "autodeploy", "_autodeploy"] | None = None
     load_format: Literal["auto", "dummy", "AUTO", "DUMMY", "VISION_ONLY"] = "auto"
 
@@ -208,6 +231,7 @@ class TrtllmArgs(StrictModel):
     cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
     cache_transceiver_config: CacheTransceiverConfig | None = None
     moe_config: MoeConfig | None = None
+    nvfp4_gemm_config: Nvfp4GemmConfig | None = None
     speculative_config: SpeculativeConfig | None = None
     lora_config: LoraConfig | None = None
     kv_connector_config: KvConnectorConfig | None = None
@@ -252,9 +276,64 @@ class TrtllmArgs(StrictModel):
     max_stats_len: int = 1000
     print_iter_log: bool = False
     otlp_traces_endpoint: str | None = None
-    fail_fast_on_attention_window_too_large: bool = False
+    # Not here: fail_fast_on_attention_window_too_large is TrtLlmArgs' (TensorRT backend only).
 
 
-def validate_trtllm_args(args: dict[str, Any]) -> TrtllmArgs:
-    """Validate merged LLM args; raises pydantic.ValidationError with every bad key."""
-    return TrtllmArgs.model_validate(args)
+def trtllm_args_errors(args: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every problem with merged LLM args as pydantic error dicts (loc, type, msg); [] if none.
+
+    TorchLlmArgs when tensorrt_llm imports (the AutoDeploy backend has its own args: the
+    fallback schema plus config.engine_args' pruning cover it), else the schema below.
+    """
+    library = _torch_llm_args(args)
+    if library is not None:
+        return _field_errors(library, args)
+    try:
+        TrtllmArgs.model_validate(args)
+    except ValidationError as exc:
+        return [dict(err) for err in exc.errors()]
+    return []
+
+
+def validated_against(args: dict[str, Any]) -> str:
+    """What trtllm_args_errors checks these args with, for `config check` output."""
+    library = _torch_llm_args(args)
+    if library is None:
+        return "the built-in TensorRT-LLM 1.2 schema (tensorrt_llm is not importable)"
+    return f"{library.__module__}.{library.__qualname__}"
+
+
+def _torch_llm_args(args: dict[str, Any]) -> type[BaseModel] | None:
+    if args.get("backend") in ("autodeploy", "_autodeploy"):
+        return None
+    try:
+        module = importlib.import_module("tensorrt_llm.llmapi.llm_args")
+    except ImportError:
+        return None
+    cls = getattr(module, "TorchLlmArgs", None)
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def _field_errors(cls: type[BaseModel], args: dict[str, Any]) -> list[dict[str, Any]]:
+    fields = cls.model_fields
+    aliases = {f.alias: name for name, f in fields.items() if f.alias}
+    errors: list[dict[str, Any]] = []
+    for key, value in args.items():
+        name = key if key in fields else aliases.get(key)
+        if name is None:
+            errors.append({"loc": (key,), "type": "extra_forbidden", "msg": "unknown key"})
+            continue
+        field = fields[name]
+        try:
+            # The field's own type (and constraints), without the model's validators.
+            annotation: Any = field.annotation
+            if field.metadata:
+                annotation = Annotated[(annotation, *field.metadata)]
+            adapter: TypeAdapter[Any] = TypeAdapter(annotation)
+        except Exception:  # a type pydantic cannot build a validator for: the key is known
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError as exc:
+            errors += [{**err, "loc": (key, *err["loc"])} for err in exc.errors()]
+    return errors

@@ -20,11 +20,26 @@ def create_engine(settings: Settings) -> Engine:
     return engine
 
 
+def preflight(settings: Settings) -> None:
+    """Fail before the server starts on what the chosen engine cannot run.
+
+    Raises EngineError or ValueError whose str() is one line for the operator.
+    """
+    if settings.engine == "trtllm":
+        from engine.trtllm.loader import preflight as trtllm_preflight
+
+        trtllm_preflight(settings)
+
+
 def _create_local(settings: Settings) -> Engine:
     if settings.engine == "builtin" and settings.mode == "encode":
         from engine.builtin.vision.encode_engine import EncodeEngine
 
         return EncodeEngine(settings)
+    if settings.engine == "builtin" and settings.engine_process:
+        from engine.builtin.config import core_client
+
+        return core_client(settings)
     if settings.engine == "builtin":
         from engine.builtin.engine import BuiltinEngine
 

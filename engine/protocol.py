@@ -10,6 +10,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from engine.kv_events import KvEventLog
+
 FinishReason = Literal["stop", "length", "abort"]
 EngineState = Literal["loading", "ready", "draining", "dead"]
 Mode = Literal["aggregated", "prefill", "decode", "encode"]
@@ -31,6 +33,26 @@ class EngineInfo:
     max_batch_size: int = 0
 
 
+GuidedKind = Literal["json", "json_object", "regex", "grammar"]
+
+
+@dataclass(frozen=True, slots=True)
+class GuidedDecoding:
+    """A token-level constraint on the output (structured outputs, forced tool calls).
+
+    kind "json": spec is a JSON schema as JSON text; "json_object": any JSON object (spec "");
+    "regex": spec is a regular expression the whole output matches; "grammar": spec is a Lark
+    grammar (llguidance's dialect; TensorRT-LLM's guided_decoding_backend=llguidance takes it).
+    OpenAI `choice` lists arrive as a regex. Engines apply the constraint once the output holds
+    `start_after` (the end-of-reasoning token ids, e.g. `</think>`), from the first token when
+    it is empty.
+    """
+
+    kind: GuidedKind
+    spec: str = ""
+    start_after: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -47,6 +69,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None  # None = off; k = chosen token plus k alternatives
     prompt_logprobs: int | None = None  # None = off; k alternatives per prompt position
+    # (token id, bias added to its logit), bias clamped to [-100, 100] as OpenAI does.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's allowed_token_ids: when set, only these ids may be sampled.
+    allowed_token_ids: tuple[int, ...] | None = None
+    guided: GuidedDecoding | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +177,14 @@ class EngineError(Exception):
 
 
 class InvalidRequestError(EngineError):
-    """The request can never be served as asked (bad params, does not fit)."""
+    """The request can never be served as asked (bad params, does not fit).
+
+    param names the request field at fault when the engine knows it (OpenAI's error.param).
+    """
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ContextTooLongError(InvalidRequestError):
@@ -227,6 +261,14 @@ class KvHandoff(Protocol):
     def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
         """Prompt tokens the local prefix cache already holds (conditional disaggregation)."""
         ...
+
+
+@runtime_checkable
+class KvEventSource(Protocol):
+    """Engines that publish KV-cache events for KV-aware routers: the built-in one always,
+    TensorRT-LLM with --enable-kv-events. Read by /internal/v1/kv-events and --kv-events-zmq."""
+
+    kv_event_log: KvEventLog
 
 
 # The caller's Authorization header, set by the router, forwarded to sibling instances.

@@ -19,8 +19,11 @@ from dataclasses import asdict, replace
 
 import httpx
 
+from config.prefill_pools import parse_prefill_pools, pool_for
 from config.settings import Settings
+from engine.kv_follow import KvFollower
 from engine.protocol import (
+    CALLER_AUTHORIZATION,
     DisaggParams,
     Engine,
     EngineHealth,
@@ -67,7 +70,11 @@ class RemotePrefillEngine:
         self.settings = settings
         self.remote_prefill_stats = stats
         self.info: EngineInfo = inner.info
-        self.pool = SiblingPool(settings.prefill_url, settings.sibling_backoff)
+        self.pool = SiblingPool(
+            settings.prefill_url, settings.sibling_backoff, settings.kv_routing_load_weight
+        )
+        self.pools = parse_prefill_pools(settings.prefill_pools) if settings.prefill_pools else ()
+        self.followers: list[KvFollower] = []  # KV-aware routing (docs/kv_events.md)
         self._client: httpx.AsyncClient | None = None
         self._transport = transport
 
@@ -81,14 +88,29 @@ class RemotePrefillEngine:
         )
         await self.inner.start()
         self.info = self.inner.info
-        for sib in self.pool.siblings:
-            try:
-                await self._check(sib)
-            except SiblingError as e:
-                log.warning("prefill sibling %s not reachable at start-up: %s", sib.url, e)
-                self._mark(sib, healthy=False)
+        # No caller at start-up: the checks (and the KV event followers) present our own key,
+        # which siblings share, rather than none (a 401 would mark every sibling unhealthy).
+        keys = self.settings.api_key
+        own = f"Bearer {keys[0].get_secret_value()}" if keys else None
+        token = CALLER_AUTHORIZATION.set(own)
+        try:
+            for sib in self.pool.siblings:
+                try:
+                    await self._check(sib)
+                except SiblingError as e:
+                    log.warning("prefill sibling %s not reachable at start-up: %s", sib.url, e)
+                    self._mark(sib, healthy=False)
+        finally:
+            CALLER_AUTHORIZATION.reset(token)
+        if self.settings.kv_routing and len(self.pool.siblings) > 1:
+            headers = {"Authorization": own} if own else {}
+            for sib in self.pool.siblings:
+                self.followers.append(KvFollower(sib.url, sib.kv, self._client, headers))
+                self.followers[-1].start()
 
     async def stop(self) -> None:
+        for follower in self.followers:
+            await follower.stop()
         await self.inner.stop()
         if self._client is not None:
             await self._client.aclose()
@@ -121,12 +143,12 @@ class RemotePrefillEngine:
         if uncached < self.settings.max_local_prefill_tokens or req.images:
             self.remote_prefill_stats.record("local_short")
             return None
-        sib = self.pool.pick()
+        sib = self._choose(req.prompt_token_ids)
         if sib is None:
             self._fallback(req, "no healthy prefill sibling")
             return None
         try:
-            with self.pool.busy(sib):
+            with self.pool.busy(sib, uncached):
                 disagg = await self._remote(sib, req)
         except SiblingMismatchError as e:
             self.remote_prefill_stats.record("failed")
@@ -140,6 +162,16 @@ class RemotePrefillEngine:
             return None
         self.remote_prefill_stats.record("remote")
         return disagg
+
+    def _choose(self, prompt_token_ids: tuple[int, ...]) -> Sibling | None:
+        """The prompt length's pool (--prefill-pools), then the KV-aware or least-busy pick."""
+        among = None
+        pool = pool_for(self.pools, len(prompt_token_ids))
+        if pool is not None:
+            among = [s for s in self.pool.siblings if s.url in pool.urls]
+        if self.followers:
+            return self.pool.pick_for(prompt_token_ids, among)[0]
+        return self.pool.pick(among)
 
     def _fallback(self, req: GenerateRequest, why: str) -> None:
         if self.settings.require_remote_prefill:

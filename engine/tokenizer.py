@@ -63,11 +63,14 @@ class Tokenizer:
         self._rust_decode = not getattr(hf, "clean_up_tokenization_spaces", False)
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> Tokenizer:
-        """Load tokenizer.json (and the chat template) from a local model directory."""
+    def from_dir(cls, path: str | Path, chat_template: str | None = None) -> Tokenizer:
+        """Load tokenizer.json (and the chat template) from a local model directory;
+        `chat_template` (Jinja text, or a file holding it) replaces the model's own."""
         from transformers import PreTrainedTokenizerFast
 
         hf = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        if chat_template:
+            hf.chat_template = load_chat_template(chat_template)
         return cls(hf)
 
     @property
@@ -79,6 +82,12 @@ class Tokenizer:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self._hf, "chat_template", None))
+
+    @property
+    def chat_template(self) -> str:
+        """The template's Jinja text ("" when none); a dict of named templates, joined."""
+        template = getattr(self._hf, "chat_template", None) or ""
+        return "\n".join(template.values()) if isinstance(template, dict) else str(template)
 
     @property
     def image_token(self) -> str | None:
@@ -105,6 +114,13 @@ class Tokenizer:
             raise InvalidRequestError("This model has no chat template; use /v1/completions.")
         from jinja2 import TemplateError
 
+        reserved = sorted(set(chat_template_kwargs or ()) & self._reserved_template_kwargs)
+        if reserved:
+            raise InvalidRequestError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: the gateway sets "
+                "the chat template's own arguments.",
+                param="chat_template_kwargs",
+            )
         try:
             ids = self._hf.apply_chat_template(
                 [dict(m) for m in messages],
@@ -114,9 +130,21 @@ class Tokenizer:
                 return_dict=False,
                 **dict(chat_template_kwargs or {}),
             )
-        except TemplateError as exc:
+        except (TemplateError, TypeError, ValueError) as exc:
+            # A template fed a kwarg of the wrong shape fails inside Jinja with a Python error.
             raise InvalidRequestError(f"Chat template error: {exc}") from exc
         return [int(i) for i in ids]
+
+    @functools.cached_property
+    def _reserved_template_kwargs(self) -> frozenset[str]:
+        """apply_chat_template's own named arguments (tokenize, return_dict, conversation, ...)
+        and the template's `messages`: a chat_template_kwargs entry would override the gateway's
+        (or collide with them, a TypeError)."""
+        import inspect
+
+        params = inspect.signature(self._hf.apply_chat_template).parameters.values()
+        named = {p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        return frozenset(named | {"messages"})
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [int(i) for i in self._hf.encode(text, add_special_tokens=add_special_tokens)]
@@ -145,8 +173,19 @@ class Tokenizer:
                 return bytes([int(match.group(1), 16)])
         return self.token_text(token_id).encode("utf-8")
 
-    def detokenizer(self, prompt_token_ids: Sequence[int] = ()) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self, prompt_token_ids)
+    def detokenizer(
+        self, prompt_token_ids: Sequence[int] = (), skip_special_tokens: bool = True
+    ) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, prompt_token_ids, skip_special_tokens)
+
+
+def load_chat_template(value: str) -> str:
+    """--chat-template: a file's Jinja text, or the text itself (it has template tags)."""
+    if "{" not in value and Path(value).is_file():
+        return Path(value).read_text()
+    if "{" not in value:
+        raise ValueError(f"--chat-template {value!r} is neither a file nor Jinja text")
+    return value
 
 
 class IncrementalDetokenizer:
@@ -156,8 +195,14 @@ class IncrementalDetokenizer:
     emit the difference only when it does not end in U+FFFD, i.e. the last character is complete.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+    ) -> None:
         self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
         context = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self._tokens: list[int] = context
         self._prefix_offset = 0
@@ -192,4 +237,4 @@ class IncrementalDetokenizer:
         return delta
 
     def _decode(self, start: int, end: int) -> str:
-        return self._tokenizer.decode(self._tokens[start:end])
+        return self._tokenizer.decode(self._tokens[start:end], self._skip_special)

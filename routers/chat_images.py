@@ -8,6 +8,7 @@ The tokenizer then encodes one image token per image; the engine expands it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from app.errors import BadRequestError
@@ -15,7 +16,7 @@ from app.state import State
 from engine.protocol import EngineInfo, ImageInput
 from engine.tokenizer import Tokenizer
 from multimodal import count_images, load_chat_images
-from routers.schemas import ChatMessage
+from routers.schemas import ChatMessage, ToolCall
 
 NO_IMAGES = "This model does not accept images."
 
@@ -79,4 +80,21 @@ def _template_message(
     out["content"] = content or ("" if not typed_parts else [])
     if message.name is not None:
         out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [_template_tool_call(c) for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
     return out
+
+
+def _template_tool_call(call: ToolCall) -> dict[str, Any]:
+    """A past call for the template: arguments as a dict (templates `tojson` them, as vLLM
+    passes them), or the text when it is not a JSON object."""
+    try:
+        arguments: Any = json.loads(call.function.arguments)
+    except ValueError:
+        arguments = call.function.arguments
+    if not isinstance(arguments, dict):
+        arguments = call.function.arguments
+    function = {"name": call.function.name, "arguments": arguments}
+    return {"id": call.id, "type": call.type, "function": function}

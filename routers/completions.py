@@ -14,6 +14,7 @@ from app.deps import Serving, ServingDep
 from app.errors import BadRequestError
 from engine.protocol import GenerateRequest, TokenLogprob
 from routers import generation as gen
+from routers import validation
 from routers.chunk_template import TextChunk
 from routers.render import ChoiceDelta, ChoiceRenderer, completion_logprobs
 from routers.schemas import (
@@ -24,6 +25,7 @@ from routers.schemas import (
     PromptTokensDetails,
     UsageInfo,
 )
+from routers.structured import build_constraint, check_constraint
 
 router = APIRouter(tags=["completions"])
 
@@ -63,8 +65,14 @@ def _check(body: CompletionRequest, serving: Serving) -> None:
     gen.check_logprobs(body.logprobs, "logprobs", serving.settings.max_logprobs)
     if body.suffix:
         raise BadRequestError("suffix is not supported.", param="suffix")
+    for field_name in ("tools", "tool_choice"):
+        if (body.model_extra or {}).get(field_name) is not None:
+            raise BadRequestError(
+                f"{field_name} is only supported on /v1/chat/completions.", param=field_name
+            )
     if isinstance(body.prompt, list) and not body.prompt:
         raise BadRequestError("prompt must not be empty.", param="prompt")
+    validation.check_choice_count(gen.prompt_count(body.prompt), body.n)
 
 
 def _tokenize(body: CompletionRequest, serving: Serving) -> list[_Prompt]:
@@ -75,13 +83,13 @@ def _tokenize(body: CompletionRequest, serving: Serving) -> list[_Prompt]:
     if all(isinstance(p, str) for p in prompt):
         return [_Prompt(tok.encode(str(p)), str(p)) for p in prompt]
     id_lists = [prompt] if all(isinstance(p, int) for p in prompt) else prompt
+    vocab = validation.vocab_bound(serving.info.vocab_size, tok.vocab_size)
     out = []
     for ids in id_lists:
         token_ids = [t for t in ids if isinstance(t, int)] if isinstance(ids, list) else []
         if len(token_ids) != (len(ids) if isinstance(ids, list) else -1):
             raise BadRequestError("prompt must be text or token ids.", param="prompt")
-        if any(t < 0 or t >= serving.info.vocab_size for t in token_ids):
-            raise BadRequestError("prompt has token ids outside the vocabulary.", param="prompt")
+        validation.check_token_ids(token_ids, vocab, "prompt")
         out.append(_Prompt(token_ids, None))
     return out
 
@@ -203,6 +211,9 @@ async def _complete(
     body: CompletionRequest, serving: Serving, request_id: str, arrival: float
 ) -> Response:
     _check(body, serving)
+    constraint = build_constraint(body)
+    if constraint is not None:
+        await check_constraint(constraint, serving.settings.max_grammar_bytes)
     prompts = await asyncio.to_thread(_tokenize, body, serving)
     want_prompt_logprobs = body.echo and body.logprobs is not None
     run = _CompletionRun(body, serving, request_id)
@@ -220,6 +231,7 @@ async def _complete(
                 logprobs=body.logprobs,
                 prompt_logprobs=body.logprobs if want_prompt_logprobs else None,
                 seed_offset=j,
+                guided=None if constraint is None else constraint.guided,
             )
             renderer = ChoiceRenderer(
                 serving.tokenizer,

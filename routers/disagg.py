@@ -27,10 +27,12 @@ from app.errors import BadRequestError, NotFoundError
 from engine.protocol import (
     EngineError,
     GenerateRequest,
+    GuidedDecoding,
     KvHandoff,
     PrefillResult,
     SamplingParams,
 )
+from routers import validation
 
 PROTOCOL_VERSION = 1
 PREFIX = "/internal/v1"
@@ -49,10 +51,19 @@ class PrefillBody(BaseModel):
 
 
 def _sampling(raw: dict[str, Any]) -> SamplingParams:
+    """SamplingParams from the asdict() JSON a sibling sent: lists back to tuples, logit_bias
+    pairs back to tuples, the guided constraint back to a GuidedDecoding."""
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     try:
+        if fields.get("logit_bias"):
+            fields["logit_bias"] = tuple((int(t), float(b)) for t, b in fields["logit_bias"])
+        if isinstance(fields.get("guided"), dict):
+            g = fields["guided"]
+            fields["guided"] = GuidedDecoding(
+                g["kind"], g.get("spec", ""), tuple(g.get("start_after", ()))
+            )
         return SamplingParams(**fields)
-    except TypeError as e:
+    except (TypeError, ValueError, KeyError) as e:
         raise BadRequestError(f"bad sampling params: {e}", param="sampling") from None
 
 
@@ -95,7 +106,11 @@ async def prefill(body: PrefillBody, request: Request, serving: ServingDep) -> d
     req = GenerateRequest(
         request_id=body.request_id,
         prompt_token_ids=tuple(body.prompt_token_ids),
-        sampling=_sampling(body.sampling),
+        sampling=validation.sibling_sampling(
+            _sampling(body.sampling),
+            validation.vocab_bound(serving.info.vocab_size, serving.tokenizer.vocab_size),
+            serving.settings.max_logprobs,
+        ),
     )
     # A context phase is engine work like any request: it counts against admission, so an
     # overloaded prefill instance answers 503 and the decode sibling prefills locally.

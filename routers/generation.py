@@ -23,7 +23,15 @@ from app.deps import Serving
 from app.errors import BadRequestError, ModelNotFoundError, error_payload
 from app.metrics import RequestRecorder
 from app.sse import DONE, EventStreamResponse, error_frame, frame
-from engine.protocol import ContextTooLongError, Engine, GenerateRequest, SamplingParams, TokenEvent
+from engine.protocol import (
+    ContextTooLongError,
+    Engine,
+    GenerateRequest,
+    GuidedDecoding,
+    SamplingParams,
+    TokenEvent,
+)
+from routers import validation
 from routers.render import ChoiceDelta, ChoiceRenderer
 from routers.schemas import SamplingFields
 
@@ -83,8 +91,9 @@ def check_common(body: SamplingFields, serving: Serving) -> None:
         raise ModelNotFoundError(f"The model `{body.model}` does not exist.", param="model")
     if body.best_of is not None and body.best_of > 1:
         raise BadRequestError("best_of > 1 is not supported.", param="best_of")
-    if body.logit_bias:
-        raise BadRequestError("logit_bias is not supported.", param="logit_bias")
+    validation.check_values(body)
+    vocab = validation.vocab_bound(serving.info.vocab_size, serving.tokenizer.vocab_size)
+    validation.check_sampling_ids(body, vocab)
     if body.model_extra:
         logger.debug("ignoring unknown request fields: %s", sorted(body.model_extra))
 
@@ -109,6 +118,7 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     seed_offset: int = 0,
+    guided: GuidedDecoding | None = None,
 ) -> SamplingParams:
     top_k = body.top_k or 0
     return SamplingParams(
@@ -124,8 +134,11 @@ def sampling_params(
         min_tokens=min(body.min_tokens, max_tokens),
         ignore_eos=body.ignore_eos,
         stop_token_ids=tuple(body.stop_token_ids or ()),
+        logit_bias=validation.logit_bias_pairs(body.logit_bias),
+        allowed_token_ids=None if body.allowed_token_ids is None else tuple(body.allowed_token_ids),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        guided=guided,
     )
 
 

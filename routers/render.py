@@ -7,6 +7,7 @@ is held back; a multi-byte character split across tokens is held back by the det
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,8 +44,12 @@ class ChoiceRenderer:
         stop: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
         stop_token_ids: Sequence[int] = (),
+        keep_special_tokens: bool = False,
     ) -> None:
-        self._detok = tokenizer.detokenizer(prompt_token_ids)
+        # keep_special_tokens: tool-call and reasoning formats whose markers are special tokens
+        # (the final stop token itself is still left out, as vLLM does).
+        self._detok = tokenizer.detokenizer(prompt_token_ids, not keep_special_tokens)
+        self._keep_special = keep_special_tokens
         self._stop = tuple(s for s in stop if s)
         self._include_stop = include_stop_str_in_output
         self._stop_token_ids = frozenset(stop_token_ids)
@@ -71,7 +76,14 @@ class ChoiceRenderer:
         self.completion_tokens += len(event.token_ids)
         if event.usage is not None:
             self.usage = event.usage
-        new = self._detok.add(event.token_ids)
+        token_ids = event.token_ids
+        if (
+            self._keep_special
+            and event.stop_token_id is not None
+            and token_ids[-1:] == (event.stop_token_id,)
+        ):
+            token_ids = token_ids[:-1]
+        new = self._detok.add(token_ids)
         if event.finish_reason is not None:
             new += self._detok.flush()
         self._text += new
@@ -174,8 +186,13 @@ def completion_logprobs(
             shaped.token_logprobs.append(None)
             shaped.top_logprobs.append(None)
             continue
-        shaped.token_logprobs.append(clamp(lp.logprob))
         top = {tokenizer.token_text(t): clamp(v) for t, v in lp.top[:top_n]}
-        top.setdefault(token, clamp(lp.logprob))
+        if math.isnan(lp.logprob):
+            # Unknown (TensorRT-LLM's prompt logprobs when the real token is outside its top-k):
+            # null, never a made-up value.
+            shaped.token_logprobs.append(None)
+        else:
+            shaped.token_logprobs.append(clamp(lp.logprob))
+            top.setdefault(token, clamp(lp.logprob))
         shaped.top_logprobs.append(top)
     return shaped

@@ -23,12 +23,14 @@ import torch
 from config.settings import Settings
 from engine.builtin.kv_transfer import decode_kv
 from engine.builtin.loader import LoadedModel, load
-from engine.builtin.sampler import Sampler
+from engine.builtin.sampler import Sampler, check_token_ids
 from engine.builtin.scheduler import Scheduler
 from engine.builtin.sequence import Sequence
 from engine.builtin.stepper import Stepper
 from engine.builtin.stream_interval import Event, StreamInterval, merge_events
 from engine.builtin.vision.embedder import ImageEmbedder, create_embedder
+from engine.guided.matcher import GuidedFactory
+from engine.kv_events import KvEventLog
 from engine.kv_wire import KvWireError
 from engine.model_source import model_display_name
 from engine.protocol import (
@@ -65,8 +67,10 @@ class BuiltinEngine:
         self._rng = random.Random(settings.seed)
         self._loaded: LoadedModel | None = None
         self._stepper: Stepper | None = None
+        self._guided: GuidedFactory | None = None
         self._vision: ImageEmbedder | None = None
         self._interval = StreamInterval(settings.stream_interval)
+        self.kv_event_log = KvEventLog(settings.block_size)  # KvEventSource: the prefix cache's
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -89,8 +93,12 @@ class BuiltinEngine:
             supports_images=self._vision is not None,
             max_batch_size=self.settings.max_batch_size,
         )
+        self.kv_event_log.num_blocks = lm.blocks.num_blocks
+        lm.blocks.events = self.kv_event_log
+        lm.blocks.clear_cache()  # event 0: a reader starts from an empty cache
         sched = Scheduler(lm.blocks, self.settings.max_batch_size, self.settings.max_num_tokens)
         self._stepper = Stepper(lm, sched, Sampler(lm.cfg.eos_token_ids), lm.max_model_len)
+        self._guided = GuidedFactory(lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids)
         self._stepper.handoff_timeout = self.settings.kv_handoff_timeout
         self._thread = threading.Thread(target=self._run, name="builtin-engine", daemon=True)
         self._thread.start()
@@ -125,7 +133,7 @@ class BuiltinEngine:
 
     # --- requests -------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        seq = await self._admit_images(req) if req.images else self._admit(req)
+        seq = await self._admit_async(req)
         first = None
         if req.disagg is not None and req.disagg.request_type == "generation_only":
             first = self._prepare_import(seq, req)
@@ -135,7 +143,7 @@ class BuiltinEngine:
     async def prefill(self, req: GenerateRequest) -> PrefillResult:
         """Context phase only: sample the first token, keep the prompt's KV for a sibling."""
         req = replace(req, sampling=replace(req.sampling, max_tokens=1))
-        seq = await self._admit_images(req) if req.images else self._admit(req)
+        seq = await self._admit_async(req)
         seq.hold_kv = True
         events = [ev async for ev in self._stream(seq, None)]
         last = events[-1]
@@ -184,6 +192,8 @@ class BuiltinEngine:
         assert d is not None and self._stepper is not None
         if not isinstance(d.kv_payload, bytes) or not d.first_token_ids:
             raise InvalidRequestError("generation_only needs the sibling's KV and first token")
+        if not all(0 <= t < self.info.vocab_size for t in d.first_token_ids):
+            raise InvalidRequestError("the sibling's first token ids are out of the vocabulary")
         try:
             num_tokens, kv = decode_kv(d.kv_payload, self.info.kv_layout)
         except KvWireError as e:
@@ -245,8 +255,7 @@ class BuiltinEngine:
             raise InvalidRequestError("model does not accept images")
         if n + sp.max_tokens > self.info.max_model_len:
             raise ContextTooLongError(n, sp.max_tokens, self.info.max_model_len)
-        if max(req.prompt_token_ids) >= self.info.vocab_size or min(req.prompt_token_ids) < 0:
-            raise InvalidRequestError(f"prompt token ids must be in [0, {self.info.vocab_size})")
+        check_token_ids(req, self.info.vocab_size)
         blocks = self._stepper.scheduler.blocks
         if blocks.blocks_needed(n + sp.max_tokens) > blocks.num_blocks:
             raise InvalidRequestError(
@@ -256,6 +265,19 @@ class BuiltinEngine:
         seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
         gen = torch.Generator(device=self._stepper.device).manual_seed(seed)
         return Sequence.from_request(req, gen)
+
+    async def _admit_async(self, req: GenerateRequest) -> Sequence:
+        """_admit, then the slow parts off the event loop: images, the grammar's matcher."""
+        seq = await self._admit_images(req) if req.images else self._admit(req)
+        guided = req.sampling.guided
+        if guided is not None:
+            assert self._guided is not None
+            # A constraint seen before is copied here, so a burst of such requests reaches the
+            # engine together (a thread hop each would stagger them into separate prefills).
+            seq.guided = self._guided.cached_matcher(guided) or await asyncio.to_thread(
+                self._guided.matcher, guided
+            )
+        return seq
 
     async def _admit_images(self, req: GenerateRequest) -> Sequence:
         """_admit after embedding the images and expanding each image token to its rows."""

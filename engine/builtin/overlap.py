@@ -5,8 +5,8 @@ step N's sampled ids, which stay on the GPU. The scheduler only counts tokens, s
 scheduled and launched at once; the runner swaps the placeholders for the real ids on the device.
 Only then does the host wait for step N's ids (already copied by then) and run the stop checks
 and events. A sequence that stopped at step N has one wasted token computed in step N+1, whose
-result is dropped. Steps that sample with penalties (which read the token history) resolve the
-step in flight first.
+result is dropped. Steps that sample with penalties (which read the token history) or with a
+grammar constraint (whose mask needs the previous token) resolve the step in flight first.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.builtin.sampler import PendingSample
+from engine.builtin.sampler import PendingSample, row_failure
 from engine.builtin.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -29,8 +29,14 @@ class _InFlight:
 
 
 def _reads_history(seq: Sequence) -> bool:
+    """Penalties read the token history, and a constraint's mask needs its previous token."""
     sp = seq.sampling
-    return bool(sp.repetition_penalty != 1.0 or sp.presence_penalty or sp.frequency_penalty)
+    return bool(
+        sp.repetition_penalty != 1.0
+        or sp.presence_penalty
+        or sp.frequency_penalty
+        or seq.guided is not None
+    )
 
 
 class OverlapPipeline:
@@ -74,6 +80,10 @@ class OverlapPipeline:
         for seq, r in zip(inflight.seqs, results, strict=True):
             if seq.is_finished or not seq.token_ids or seq.token_ids[-1] >= 0:
                 continue  # stopped or aborted while this step ran
+            if r.error is not None:
+                self.forget(seq)
+                events += self.st.fail([seq], row_failure(seq, f"sampling failed: {r.error}"))
+                continue
             seq.token_ids[-1] = r.token_id
             self.st.accept(seq, r, now, events)
         return events

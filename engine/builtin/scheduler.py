@@ -174,7 +174,9 @@ class Scheduler:
         bs = self.blocks.block_size
         self._extend_hashes(seq, seq.num_computed)
         for i in range(start // bs, seq.num_computed // bs):
-            self.blocks.register(seq.block_table[i], seq.block_hashes[i])
+            parent = seq.block_hashes[i - 1] if i else None
+            tokens = seq.token_ids[i * bs : (i + 1) * bs]
+            self.blocks.register(seq.block_table[i], seq.block_hashes[i], parent, tokens)
 
     def finish(self, seq: Sequence, keep_blocks: bool = False) -> None:
         """Take a sequence out of the queues and release its blocks unless asked to keep them."""

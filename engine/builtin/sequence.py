@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.guided.matcher import RowMatcher
 from engine.protocol import FinishReason, GenerateRequest, SamplingParams, TokenLogprob
 
 
@@ -46,6 +47,8 @@ class Sequence:
     # decode-side sequence arrives with the sibling's prompt KV to write into its own blocks.
     hold_kv: bool = False
     kv_import: torch.Tensor | None = None
+    # The request's output constraint (response_format, structured_outputs), if any.
+    guided: RowMatcher | None = None
     # block_table as an int32 array, with the list object and length it was built from.
     _table_array: tuple[list[int], int, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False

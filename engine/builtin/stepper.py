@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from engine.builtin.kv_transfer import export_kv, import_kv, slots_for
 from engine.builtin.overlap import OverlapPipeline
-from engine.builtin.sampler import Sampler, SampleResult
+from engine.builtin.sampler import Sampler, SampleResult, row_failure
 from engine.builtin.scheduler import Scheduler
 from engine.builtin.sequence import Sequence, Status
 from engine.protocol import (
@@ -131,6 +131,9 @@ class Stepper:
         now = time.perf_counter()
         events: Emitted = []
         for seq, r in zip(seqs, results, strict=True):
+            if r.error is not None:
+                events += self.fail([seq], row_failure(seq, f"sampling failed: {r.error}"))
+                continue
             seq.token_ids.append(r.token_id)
             self.accept(seq, r, now, events)
         return events
@@ -146,6 +149,14 @@ class Stepper:
         if seq.first_token is None:
             seq.first_token = now
         reason = self._finish_reason(seq, r.token_id)
+        g = seq.guided
+        if reason is None and g is not None:
+            g.sync(seq.token_ids, seq.prompt_len)
+            if g.error is not None:  # only a token the mask did not allow gets here
+                events += self.fail([seq], row_failure(seq, f"constraint failed: {g.error}"))
+                return
+            if g.done:  # the grammar is complete: nothing but EOS could follow
+                reason = "stop"
         lps = (r.logprob,) if r.logprob is not None else None
         if reason is not None:
             self.seqs.pop(seq.request_id, None)

@@ -4,7 +4,7 @@ A context-only result becomes PrefillResult.opaque_state: UTF-8 JSON holding the
 request id, first tokens, draft tokens, the finish reason and TensorRT-LLM's own opaque_state as
 standard base64 (what trtllm-serve calls encoded_opaque_state). The HTTP layer base64s these
 bytes once more; the decode side unpacks them and calls generate_async(generation_only) with the
-same prompt token ids. Encoder results (EPD) use the same envelope with kind="encode".
+same prompt token ids. Encode mode (EPD) is built-in only: engine.trtllm.loader refuses it.
 """
 
 from __future__ import annotations
@@ -71,34 +71,22 @@ def to_generation_only(llmapi: Any, state: ContextState) -> Any:
     )
 
 
-def pack_encoder(params: Any, handle: Any) -> bytes:
-    """Serialize an encoder result (embedding handles and hashes) for the prefill side."""
-    body = {
-        "format": FORMAT,
-        "kind": "encode",
-        "multimodal_embedding_handles": params.multimodal_embedding_handles or [handle],
-        "multimodal_hashes": params.multimodal_hashes,
-    }
-    return json.dumps(body, separators=(",", ":"), default=str).encode()
-
-
 def to_context_only(llmapi: Any, disagg: DisaggParams | None) -> Any:
-    """Context-only params, carrying encoder handles when an encode sibling sent some."""
-    if disagg is None or not disagg.opaque_state:
-        return llmapi.DisaggregatedParams(request_type="context_only")
-    body = _load(disagg.opaque_state, "encode")
-    return llmapi.DisaggregatedParams(
-        request_type="context_only",
-        multimodal_embedding_handles=body.get("multimodal_embedding_handles"),
-        multimodal_hashes=body.get("multimodal_hashes"),
-    )
+    """Context-only params for a prefill request (no encoder handles: EPD is built-in only)."""
+    if disagg is not None and disagg.opaque_state:
+        raise InvalidRequestError(
+            "this TensorRT-LLM prefill instance takes no encoder state (EPD is built-in only)"
+        )
+    return llmapi.DisaggregatedParams(request_type="context_only")
 
 
 def finished_event(req: GenerateRequest, state: ContextState) -> TokenEvent:
     """The whole answer when the context phase already finished the request (end id first)."""
     tokens = state.first_gen_tokens
+    lps = req.disagg.first_logprobs if req.disagg is not None else None
     return TokenEvent(
         token_ids=tokens,
+        logprobs=lps[: len(tokens)] if lps and req.sampling.logprobs is not None else None,
         finish_reason=map_finish_reason(state.finish_reason) or "stop",
         usage=Usage(prompt_tokens=len(req.prompt_token_ids), completion_tokens=len(tokens)),
     )

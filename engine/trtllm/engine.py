@@ -4,14 +4,13 @@ Requests go in as token ids (`detokenize=False`); engine/tokenizer.py detokenize
 stop strings for both engines alike. `generate_async` is called on the event-loop thread, as
 TensorRT-LLM requires, and each streamed step is copied into a frozen TokenEvent before the next
 await (TensorRT-LLM mutates one result object in place). Our string `request_id` maps to the
-engine's int id through `self._results`. `RequestError` fails one request; any other exception
-from TensorRT-LLM marks the engine dead (health 503).
+engine's result through `self._inflight` (inflight.py). `RequestError` fails one request; any
+other exception from TensorRT-LLM marks the engine dead (health 503).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -21,9 +20,10 @@ from typing import Any
 
 from config.engine_args import resolve_trtllm_args
 from config.settings import DEFAULT_MODEL, Settings
+from config.trtllm_schema import validated_against
+from engine.kv_events import KvEventLog
 from engine.model_source import model_display_name, resolve_model
 from engine.protocol import (
-    ContextTooLongError,
     EngineDeadError,
     EngineError,
     EngineHealth,
@@ -37,8 +37,16 @@ from engine.protocol import (
 )
 from engine.tokenizer import Tokenizer
 from engine.trtllm import disagg
+from engine.trtllm.inflight import InFlight
+from engine.trtllm.kv_events import start_kv_feed
+from engine.trtllm.limits import check_request
 from engine.trtllm.llm_args import create_llm_kwargs, select_llm_class
-from engine.trtllm.loader import import_llmapi, import_trtllm
+from engine.trtllm.loader import (
+    import_llmapi,
+    import_trtllm,
+    refuse_unsupported,
+    set_trtllm_log_level,
+)
 from engine.trtllm.model_info import read_engine_info
 from engine.trtllm.multimodal import text_prompt
 from engine.trtllm.outputs import map_logprobs, step_event
@@ -47,15 +55,13 @@ from engine.trtllm.stats import StatsPoller
 
 logger = logging.getLogger(__name__)
 
-DRAIN_TIMEOUT_S = 30.0
-
 
 class TrtllmRequestError(EngineError):
     """TensorRT-LLM failed this one request (its RequestError); the engine keeps serving."""
 
 
 class TrtllmEngine:
-    """Engine protocol over `tensorrt_llm.LLM` (or `MultimodalEncoder` in encode mode)."""
+    """Engine protocol over `tensorrt_llm.LLM` (aggregated, prefill or decode mode)."""
 
     def __init__(self, settings: Settings) -> None:
         """Check the install and the engine args; load nothing yet (start() does).
@@ -64,21 +70,26 @@ class TrtllmEngine:
         (file, key and reason), so a bad start-up never shows a traceback. `--model default`
         or a .gguf file is converted to an HF checkpoint in start() (engine.model_source).
         """
+        refuse_unsupported(settings)
         self._trt = import_trtllm()
         self._llmapi = import_llmapi()
+        set_trtllm_log_level(settings.log_level)
         self._request_error: type[BaseException] = self._llmapi.RequestError
         self._settings = settings
         self._args = resolve_trtllm_args(settings)
+        logger.info("TensorRT-LLM args validated against %s", validated_against(self._args))
         self._model = str(self._args.get("model") or settings.model)
         self.tokenizer_dir = Path(str(self._args.get("tokenizer") or self._model))
         self.info: EngineInfo = self._read_info()
         self._llm: Any = None
         self._state: EngineState = "loading"
         self._detail = ""
-        self._results: dict[str, Any] = {}
-        self._drains: set[asyncio.Task[None]] = set()
+        self._inflight = InFlight()
         self._stats: StatsPoller | None = None
         self._text_tokenizer: Tokenizer | None = None
+        # KvEventSource: TensorRT-LLM's KV events, converted by engine/trtllm/kv_events.py
+        self.kv_event_log = KvEventLog(block_size=0, enabled=False)
+        self._kv_feed: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -96,21 +107,23 @@ class TrtllmEngine:
             raise EngineDeadError(f"TensorRT-LLM failed to start: {exc}") from exc
         self._fill_eos_from_tokenizer()
         kv_events = bool(self._args.get("kv_cache_config", {}).get("event_buffer_max_size"))
-        if self._settings.mode != "encode":
-            self._stats = StatsPoller(self._llm, kv_events=kv_events)
-            self._stats.start()
+        self._stats = StatsPoller(self._llm, kv_events=kv_events)
+        self._stats.start()
+        if kv_events:
+            self.kv_event_log.enabled = True
+            self._kv_feed = start_kv_feed(self.kv_event_log, self.kv_events())
         self._state = "ready"
         logger.info("TensorRT-LLM engine ready: %s (%s mode)", self._model, self._settings.mode)
 
     async def stop(self) -> None:
         """Abort everything in flight, stop the pollers, shut TensorRT-LLM down (its workers)."""
         self._state = "draining"
-        for result in list(self._results.values()):
-            result.abort()
+        self._inflight.abort_all()  # quiet when the executor is gone already (dead worker)
+        if self._kv_feed is not None:
+            self._kv_feed.cancel()
         if self._stats is not None:
             await self._stats.stop()
-        if self._drains:
-            await asyncio.wait(self._drains, timeout=5.0)
+        await self._inflight.wait_drained()
         if self._llm is not None:
             await asyncio.to_thread(self._llm.shutdown)
             self._llm = None
@@ -121,10 +134,10 @@ class TrtllmEngine:
         """Cheap snapshot from the last iteration stats (see engine.trtllm.stats)."""
         snap = self._stats.snapshot if self._stats is not None else None
         if snap is None:
-            return EngineHealth(state=self._state, running=len(self._results), detail=self._detail)
+            return EngineHealth(state=self._state, running=len(self._inflight), detail=self._detail)
         return EngineHealth(
             state=self._state,
-            running=max(snap.running, len(self._results)),
+            running=max(snap.running, len(self._inflight)),
             waiting=snap.waiting,
             kv_usage=snap.kv_usage,
             prefix_cache_queries=snap.prefix_cache_queries,
@@ -140,17 +153,17 @@ class TrtllmEngine:
         its opaque state and the first event repeats the sibling's first token(s).
         """
         self._require_ready()
-        if self._settings.mode == "encode":
-            raise InvalidRequestError("an encode instance only runs the vision encoder")
-        self._check_length(req)
+        check_request(req, self.info, self._args)
         state = None
         if req.disagg is not None and req.disagg.request_type == "generation_only":
             state = disagg.unpack_context(req.disagg)
             if state.finish_reason not in (None, "not_finished", "length"):
                 yield disagg.finished_event(req, state)  # e.g. the end id came first
                 return
-        sp = to_trtllm_sampling(self._trt, req.sampling, end_id=self._end_id())
+        sp = self._sampling(req)
         params = disagg.to_generation_only(self._llmapi, state) if state else None
+        lead = len(state.first_gen_tokens) if state else 0
+        lead_lps = (req.disagg.first_logprobs or ()) if req.disagg is not None else ()
         result = self._submit(req, sp, streaming=True, params=params)
         finished = False
         started = time.monotonic()
@@ -164,6 +177,9 @@ class TrtllmEngine:
                     logprobs_k=req.sampling.logprobs,
                     prompt_logprobs_k=req.sampling.prompt_logprobs,
                     first=first,
+                    lead_tokens=lead if first else 0,
+                    lead_logprobs=lead_lps,
+                    end_id=sp.end_id,
                 )
                 if event is None:
                     continue
@@ -186,22 +202,17 @@ class TrtllmEngine:
             self._mark_dead(exc)
             raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
         finally:
-            self._results.pop(req.request_id, None)
-            if not finished:
-                self._abort_and_drain(req.request_id, result)
+            self._release(req.request_id, result, finished)
 
     async def prefill(self, req: GenerateRequest) -> PrefillResult:
-        """Context-only phase (max_tokens forced to 1 on a fresh SamplingParams); in encode
-        mode, run the vision encoder instead. The result's opaque_state is engine.trtllm.disagg
-        JSON bytes; cancelling aborts the request.
+        """Context-only phase (max_tokens forced to 1 on a fresh SamplingParams). The result's
+        opaque_state is engine.trtllm.disagg JSON bytes; cancelling aborts the request.
         """
         self._require_ready()
-        if self._settings.mode == "encode":
-            return await self._encode(req)
         if self._args.get("cache_transceiver_config") is None:
             raise InvalidRequestError("this instance has no KV cache transceiver (--mode prefill)")
-        self._check_length(req)
-        sp = to_trtllm_sampling(self._trt, req.sampling, end_id=self._end_id(), max_tokens=1)
+        check_request(req, self.info, self._args)
+        sp = self._sampling(req, max_tokens=1)
         params = disagg.to_context_only(self._llmapi, req.disagg)
         result = self._submit(req, sp, streaming=False, params=params)
         out = await self._await_result(req.request_id, result)
@@ -223,10 +234,12 @@ class TrtllmEngine:
         )
 
     def abort(self, request_id: str) -> None:
-        """Idempotent: ask TensorRT-LLM to cancel; the stream then ends with 'abort'."""
-        result = self._results.get(request_id)
-        if result is not None:
-            result.abort()
+        """Idempotent: ask TensorRT-LLM to cancel; the stream then ends with 'abort'.
+
+        Never raises: after stop() TensorRT-LLM's executor is gone and stop() aborted it all.
+        """
+        if self._llm is not None:
+            self._inflight.abort(request_id)
 
     async def kv_events(self) -> AsyncIterator[dict[str, Any]]:
         """KV-cache events (TensorRT-LLM's dicts) for KV-aware routers; needs --enable-kv-events."""
@@ -255,6 +268,7 @@ class TrtllmEngine:
             mode=self._settings.mode,
             max_seq_len=self._args.get("max_seq_len"),
             trust_remote_code=bool(self._args.get("trust_remote_code")),
+            kv_cache=self._args.get("kv_cache_config"),
         )
         return dataclasses.replace(info, max_batch_size=batch)
 
@@ -269,19 +283,11 @@ class TrtllmEngine:
         self.info = dataclasses.replace(self._read_info(), model_id=served)
 
     def _create_llm(self) -> Any:
-        if self._settings.mode == "encode":
-            return self._trt.MultimodalEncoder(
-                model=self._model,
-                trust_remote_code=bool(self._args.get("trust_remote_code")),
-                tensor_parallel_size=int(self._args.get("tensor_parallel_size", 1)),
-                dtype=str(self._args.get("dtype", "auto")),
-                max_batch_size=int(self._args.get("max_batch_size", 1)),
-            )
         backend, kwargs = create_llm_kwargs(self._llmapi, self._args)
         return select_llm_class(backend)(**kwargs)
 
     def _submit(self, req: GenerateRequest, sp: Any, *, streaming: bool, params: Any) -> Any:
-        if req.request_id in self._results:
+        if req.request_id in self._inflight:
             raise InvalidRequestError(f"request_id {req.request_id!r} is already running")
         inputs: dict[str, Any] = {"prompt_token_ids": list(req.prompt_token_ids)}
         if req.images:
@@ -299,7 +305,7 @@ class TrtllmEngine:
             self._mark_dead(exc)
             raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
         logger.debug("request %s is TensorRT-LLM request %s", req.request_id, result.request_id)
-        self._results[req.request_id] = result
+        self._inflight.add(req.request_id, result)
         if self._stats is not None:
             self._stats.request_submitted()
         return result
@@ -320,32 +326,7 @@ class TrtllmEngine:
             self._mark_dead(exc)
             raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
         finally:
-            self._results.pop(request_id, None)
-            if not done:
-                self._abort_and_drain(request_id, result)
-
-    async def _encode(self, req: GenerateRequest) -> PrefillResult:
-        if not req.images:
-            raise InvalidRequestError("an encode request needs at least one image")
-        # The encoder only embeds the images; the prompt ids ride along as TensorRT-LLM takes them.
-        inputs = {
-            "prompt_token_ids": list(req.prompt_token_ids),
-            "multi_modal_data": {"image": [image.payload for image in req.images]},
-        }
-        try:
-            out = await self._llm.generate_async(inputs)
-        except self._request_error as exc:
-            raise TrtllmRequestError(str(exc)) from None
-        except ValueError as exc:
-            raise InvalidRequestError(str(exc)) from None
-        return PrefillResult(
-            request_id=req.request_id,
-            first_token_ids=(),
-            first_logprobs=None,
-            prompt_tokens=len(req.prompt_token_ids),
-            cached_tokens=0,
-            opaque_state=disagg.pack_encoder(out.disaggregated_params, out.mm_embedding_handle),
-        )
+            self._release(request_id, result, done)
 
     def _mm_inputs(self, req: GenerateRequest) -> dict[str, Any]:
         """TextPrompt with the images (engine.trtllm.multimodal); the tokenizer loads once."""
@@ -355,27 +336,26 @@ class TrtllmEngine:
             req.prompt_token_ids, [i.payload for i in req.images], self._text_tokenizer
         )
 
-    def _abort_and_drain(self, request_id: str, result: Any) -> None:
-        """Abort, then keep reading the result until TensorRT-LLM reports it finished."""
-        result.abort()
-        logger.debug("aborted request %s", request_id)
-        try:
-            task = asyncio.get_running_loop().create_task(_drain(result))
-        except RuntimeError:  # loop gone (interpreter shutdown): nothing left to free
-            return
-        self._drains.add(task)
-        task.add_done_callback(self._drains.discard)
+    def _release(self, request_id: str, result: Any, finished: bool) -> None:
+        """Forget a request; one given up early is aborted and drained unless stop() already
+        shut TensorRT-LLM down (it aborted everything first)."""
+        self._inflight.release(request_id, result, finished=finished, alive=self._llm is not None)
 
     def _require_ready(self) -> None:
         if self._state != "ready" or self._llm is None:
             raise EngineDeadError(f"TensorRT-LLM engine is {self._state}: {self._detail}".rstrip())
 
-    def _check_length(self, req: GenerateRequest) -> None:
-        if not req.prompt_token_ids:
-            raise InvalidRequestError("the prompt is empty")
-        prompt, max_tokens = len(req.prompt_token_ids), req.sampling.max_tokens
-        if prompt + max_tokens > self.info.max_model_len:
-            raise ContextTooLongError(prompt, max_tokens, self.info.max_model_len)
+    def _sampling(self, req: GenerateRequest, max_tokens: int | None = None) -> Any:
+        end_id = self._end_id()
+        return to_trtllm_sampling(
+            self._trt,
+            req.sampling,
+            end_id=end_id,
+            hidden_stop_ids=self.info.eos_token_ids[1:],
+            max_tokens=max_tokens,
+            vocab_size=self.info.vocab_size,
+            guided_backend=self._args.get("guided_decoding_backend"),
+        )
 
     def _end_id(self) -> int:
         if not self.info.eos_token_ids:
@@ -392,13 +372,6 @@ class TrtllmEngine:
         logger.error("TensorRT-LLM engine is dead: %r", exc)
         self._state = "dead"
         self._detail = f"{type(exc).__name__}: {exc}"
-
-
-async def _drain(result: Any) -> None:
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            async for _ in result:
-                pass
 
 
 def _needs_conversion(model: str) -> bool:

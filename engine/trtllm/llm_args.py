@@ -1,8 +1,9 @@
 """Merged LLM args (a plain dict) -> the LLM class and its keyword arguments.
 
 The dict comes from config.engine_args (already layered and validated). Here the documented
-config objects are built explicitly (SchedulerConfig with all three DynamicBatchConfig fields,
-KvCacheConfig, CudaGraphConfig, CacheTransceiverConfig) and the backend picks the LLM class.
+config objects are built explicitly (SchedulerConfig, and DynamicBatchConfig with all three
+fields when a YAML gives one: only the TensorRT backend reads it; KvCacheConfig,
+CudaGraphConfig, CacheTransceiverConfig) and the backend picks the LLM class.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ _FINISH: dict[str, FinishReason] = {
     "timeout": "abort",
 }
 LOGPROB_FLOOR = -9999.0  # what OpenAI-compatible servers send for -inf
+UNKNOWN_LOGPROB = math.nan  # a prompt token outside TensorRT-LLM's top-k: value not returned
 
 
 def map_finish_reason(reason: str | None) -> FinishReason | None:
@@ -44,23 +45,39 @@ def map_logprobs(
 def map_prompt_logprobs(
     entries: Sequence[Any], prompt_token_ids: Sequence[int], top_k: int
 ) -> tuple[TokenLogprob, ...]:
-    """Prompt logprobs for every prompt token after the first (which has none)."""
-    targets = list(prompt_token_ids[1:])
-    items = list(entries)
-    if len(items) == len(prompt_token_ids):
-        items = items[1:]  # some builds put a placeholder for the first position
-    return map_logprobs(items, targets, top_k)
+    """Prompt logprobs for every prompt token after the first (which has none).
+
+    TensorRT-LLM gives one top-k dict per context position, entry t being the distribution
+    after token t, so it scores token t+1 (the last one scores the first generated token).
+    The dicts come from the context logits without the actual token: where it is not in
+    the top k its logprob is unknown and is NaN here (UNKNOWN_LOGPROB), never a number.
+    """
+    return tuple(
+        _prompt_logprob(entry, token_id, top_k)
+        for entry, token_id in zip(entries, prompt_token_ids[1:], strict=False)
+    )
+
+
+def _prompt_logprob(entry: Any, token_id: int, top_k: int) -> TokenLogprob:
+    if not isinstance(entry, dict):  # the legacy flat form carries the actual token's value
+        return _one_logprob(entry, token_id, top_k)
+    chosen = entry.get(token_id)
+    value = _value(chosen) if chosen is not None else UNKNOWN_LOGPROB
+    return TokenLogprob(token_id=token_id, logprob=value, top=_ranked(entry, top_k))
 
 
 def _one_logprob(entry: Any, token_id: int, top_k: int) -> TokenLogprob:
     if isinstance(entry, dict):
         chosen = entry.get(token_id)
         value = _value(chosen) if chosen is not None else LOGPROB_FLOOR
-        ranked = sorted(entry.items(), key=lambda kv: (_rank(kv[1]), -_value(kv[1])))
-        top = tuple((int(tid), _value(lp)) for tid, lp in ranked[:top_k])
-        return TokenLogprob(token_id=token_id, logprob=value, top=top)
+        return TokenLogprob(token_id=token_id, logprob=value, top=_ranked(entry, top_k))
     value = _floor(float(entry))
     return TokenLogprob(token_id=token_id, logprob=value, top=((token_id, value),)[:top_k])
+
+
+def _ranked(entry: dict[Any, Any], top_k: int) -> tuple[tuple[int, float], ...]:
+    ranked = sorted(entry.items(), key=lambda kv: (_rank(kv[1]), -_value(kv[1])))
+    return tuple((int(tid), _value(lp)) for tid, lp in ranked[:top_k])
 
 
 def _value(lp: Any) -> float:
@@ -83,10 +100,16 @@ def step_event(
     logprobs_k: int | None,
     prompt_logprobs_k: int | None,
     first: bool,
+    lead_tokens: int = 0,
+    lead_logprobs: tuple[TokenLogprob, ...] = (),
+    end_id: int | None = None,
 ) -> TokenEvent | None:
     """The event for one streamed step, or None when the step carries nothing new.
 
     Call before awaiting the next step: `result` is mutated in place by TensorRT-LLM.
+    lead_tokens (a generation-only request's first event): how many leading tokens are the
+    context side's first_gen_tokens, whose logprobs (lead_logprobs) the context side computed;
+    TensorRT-LLM's own logprobs start after them.
     """
     out = result.outputs[0]
     token_ids = tuple(int(t) for t in out.token_ids_diff)
@@ -95,7 +118,8 @@ def step_event(
         finish = "stop"  # context-only 'not_finished' never reaches here; be total anyway
     logprobs = None
     if logprobs_k is not None and token_ids:
-        logprobs = map_logprobs(out.logprobs_diff, token_ids, logprobs_k)
+        own = map_logprobs(out.logprobs_diff, token_ids[lead_tokens:], logprobs_k)
+        logprobs = lead_logprobs[:lead_tokens] + own
     prompt_lps = None
     if first and prompt_logprobs_k is not None and out.prompt_logprobs:
         prompt_lps = map_prompt_logprobs(
@@ -111,8 +135,10 @@ def step_event(
             completion_tokens=len(out.token_ids),
             cached_tokens=int(getattr(result, "cached_tokens", 0) or 0),
         )
-        if finish == "stop" and isinstance(out.stop_reason, int):
-            stop_token_id = out.stop_reason
+        if finish == "stop":
+            # A stop_token_ids match names its id; the end id leaves stop_reason None
+            # (executor/result.py), and no stop strings are sent: None means end_id.
+            stop_token_id = out.stop_reason if isinstance(out.stop_reason, int) else end_id
     return TokenEvent(
         token_ids=token_ids,
         logprobs=logprobs,

@@ -38,6 +38,7 @@ class StatsPoller:
         self._llm = llm
         self._kv_events = kv_events
         self.snapshot = StatsSnapshot()
+        self._last_blocks = (0, 0)  # reusedBlocks, missedBlocks as last reported
         self._first_request = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
@@ -98,9 +99,17 @@ class StatsPoller:
         total = int(kv.get("maxNumBlocks", 0))
         if total > 0:
             snap.kv_usage = min(1.0, int(kv.get("usedNumBlocks", 0)) / total)
-        reused = int(kv.get("reusedBlocks", 0))
-        snap.prefix_cache_hits += reused
-        snap.prefix_cache_queries += reused + int(kv.get("missedBlocks", 0))
+        # Lifetime totals in every iteration (the C++ KV cache manager's counters): add the
+        # change since the last report. A total that went down means a new manager: restart.
+        if "reusedBlocks" not in kv:
+            return
+        reused, missed = int(kv["reusedBlocks"]), int(kv.get("missedBlocks", 0))
+        last_reused, last_missed = self._last_blocks
+        if reused < last_reused or missed < last_missed:
+            last_reused = last_missed = 0
+        snap.prefix_cache_hits += reused - last_reused
+        snap.prefix_cache_queries += (reused - last_reused) + (missed - last_missed)
+        self._last_blocks = (reused, missed)
 
     def _publish(self, event: dict[str, Any]) -> None:
         for queue in self._subscribers:

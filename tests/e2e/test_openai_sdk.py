@@ -30,7 +30,8 @@ def sdk_server(engine_kind: str, server: Server, log_dir: Path) -> Iterator[Serv
     if engine_kind == "builtin":
         yield server
         return
-    srv = Server(args=["--engine", "trtllm"], env=standin_env()).start(log_dir)
+    args = ["--engine", "trtllm", "--guided-decoding-backend", "llguidance"]
+    srv = Server(args=args, env=standin_env()).start(log_dir)
     yield srv
     assert srv.stop() == 0, srv.log()
 
@@ -130,6 +131,38 @@ def test_logprobs_and_top_logprobs(client: openai.OpenAI) -> None:
         assert len(tok.top_logprobs) == 3
         assert tok.logprob <= 0 and tok.top_logprobs[0].logprob >= tok.logprob - 1e-6
         assert tok.bytes is not None
+
+
+def test_logprobs_without_alternatives(client: openai.OpenAI) -> None:
+    """logprobs=True alone, and completions logprobs=0: the chosen token's logprob, no top
+    (TensorRT-LLM treats 0 as "none"; the adapter asks for 1 and trims)."""
+    r = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=4, logprobs=True
+    )
+    content = r.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == r.usage.completion_tokens  # type: ignore[union-attr]
+    assert all(tok.logprob <= 0 and tok.top_logprobs == [] for tok in content)
+    c = client.completions.create(model=MODEL, prompt="Paris is", max_tokens=4, logprobs=0)
+    lps = c.choices[0].logprobs
+    assert lps is not None and lps.token_logprobs is not None
+    assert len(lps.token_logprobs) == c.usage.completion_tokens  # type: ignore[union-attr]
+    assert all(lp is not None and lp <= 0 for lp in lps.token_logprobs)
+
+
+def test_structured_outputs_reach_the_engine(client: openai.OpenAI) -> None:
+    """A choice comes back as one of its words and json_object opens an object, on both
+    engines (TensorRT-LLM: GuidedDecodingParams under guided_decoding_backend=llguidance)."""
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Is Paris in France? Answer yes or no."}],
+        max_tokens=8,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert r.choices[0].message.content in ("yes", "no")
+    r = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=8, response_format={"type": "json_object"}
+    )
+    assert (r.choices[0].message.content or "").lstrip().startswith("{")
 
 
 def test_seed_reproducible(client: openai.OpenAI) -> None:

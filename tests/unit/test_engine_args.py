@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,13 @@ from config.engine_args import (
     resolve_trtllm_args,
 )
 from config.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _without_tensorrt_llm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests pin the fallback schema: hide an importable tensorrt_llm (the stand-in)."""
+    for name in [m for m in sys.modules if m.split(".")[0] == "tensorrt_llm"] + ["tensorrt_llm"]:
+        monkeypatch.setitem(sys.modules, name, None)
 
 
 def _settings(tmp_path: Path, yaml_text: str | None = None, **kw: object) -> Settings:
@@ -33,16 +41,10 @@ def test_deep_merge_merges_nested_dicts_and_replaces_the_rest() -> None:
     assert base["kv"] == {"x": 1, "y": {"z": 1}}  # inputs untouched
 
 
-def test_defaults_have_scheduler_with_all_dynamic_batch_fields(tmp_path: Path) -> None:
+def test_defaults_have_a_scheduler_without_dynamic_batch_config(tmp_path: Path) -> None:
+    """DynamicBatchConfig "only applies for the TensorRT backend" (1.2 llm_args.py)."""
     args = resolve_trtllm_args(_settings(tmp_path))
-    assert args["scheduler_config"] == {
-        "capacity_scheduler_policy": "GUARANTEED_NO_EVICT",
-        "dynamic_batch_config": {
-            "enable_batch_size_tuning": True,
-            "enable_max_num_tokens_tuning": False,
-            "dynamic_batch_moving_average_window": 128,
-        },
-    }
+    assert args["scheduler_config"] == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
     assert args["enable_iter_perf_stats"] is True
     assert "cache_transceiver_config" not in args
 
@@ -81,7 +83,7 @@ def test_no_cuda_graphs_flag_disables_them(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
 def test_disagg_modes_get_a_cache_transceiver(tmp_path: Path, mode: str) -> None:
     args = resolve_trtllm_args(_settings(tmp_path, mode=mode, cache_transceiver_backend="UCX"))
-    assert args["cache_transceiver_config"] == {"backend": "UCX"}
+    assert args["cache_transceiver_config"] == {"backend": "UCX", "kv_transfer_timeout_ms": 30000}
 
 
 def test_precedence_defaults_cli_yaml_override(tmp_path: Path) -> None:
@@ -99,7 +101,7 @@ def test_precedence_defaults_cli_yaml_override(tmp_path: Path) -> None:
     # Nested merge: YAML's dtype joins the flag's fraction instead of replacing the section.
     assert args["kv_cache_config"]["dtype"] == "fp8"
     assert args["kv_cache_config"]["free_gpu_memory_fraction"] == 0.7
-    assert args["scheduler_config"]["dynamic_batch_config"]["dynamic_batch_moving_average_window"]
+    assert args["scheduler_config"]["capacity_scheduler_policy"] == "GUARANTEED_NO_EVICT"
 
 
 def test_yaml_can_disable_a_section_with_null(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,8 @@ import pytest
 import yaml
 
 from config.check import check_file, main_check
+from config.trtllm_schema import validated_against
+from tests.standin import ensure_on_path
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "engine_configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -33,8 +36,20 @@ def test_the_documented_set_ships() -> None:
     } <= names
 
 
+@pytest.mark.parametrize("library", [True, False], ids=["TorchLlmArgs", "fallback-schema"])
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_config_check_passes(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_config_check_passes(
+    path: Path, library: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ways config check validates (docs/trtllm.md): the stand-in's TorchLlmArgs, and the
+    hand-written 1.2 schema when tensorrt_llm is not importable."""
+    if library:
+        ensure_on_path()
+    else:
+        for name in [m for m in sys.modules if m.split(".")[0] == "tensorrt_llm"]:
+            monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
+    assert ("TorchLlmArgs" in validated_against({})) is library
     assert main_check([str(path)]) == 0, capsys.readouterr().err
     check_file(path)
 

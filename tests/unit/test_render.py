@@ -124,3 +124,13 @@ def test_completion_logprobs_shape(tokenizer: Tokenizer) -> None:
     assert top is not None
     assert shaped.tokens[1] in top
     assert shaped.tokens[0] in top
+
+
+def test_completion_logprobs_unknown_value_is_null(tokenizer: Tokenizer) -> None:
+    """NaN is the engines' "not known" (TensorRT-LLM's prompt logprobs give a top-k dict per
+    position without the real token; docs/trtllm.md): the wire says null, never -9999."""
+    ids = tokenizer.encode("Hello world", add_special_tokens=False)
+    lps = [None, TokenLogprob(ids[1], float("nan"), ((ids[0], -0.1),))]
+    shaped = completion_logprobs(tokenizer, ids[:2], lps, top_n=1, text_offset=0)
+    assert shaped.token_logprobs == [None, None]
+    assert shaped.top_logprobs[1] == {tokenizer.token_text(ids[0]): -0.1}

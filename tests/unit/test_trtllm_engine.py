@@ -22,10 +22,10 @@ from engine.protocol import (
     Engine,
     EngineDeadError,
     GenerateRequest,
-    ImageInput,
     InvalidRequestError,
     SamplingParams,
     TokenEvent,
+    TokenLogprob,
 )
 from tests.standin import ensure_on_path
 
@@ -175,10 +175,10 @@ async def test_abort_ends_stream_with_abort(engine: TrtllmEngine) -> None:
 async def test_closing_the_generator_aborts_and_drains(engine: TrtllmEngine) -> None:
     gen = engine.generate(_req("x", max_tokens=50, ignore_eos=True))
     await gen.__anext__()
-    result = engine._results["x"]
+    result = engine._inflight.results["x"]
     await gen.aclose()  # type: ignore[attr-defined]
     assert result.aborted()
-    assert "x" not in engine._results
+    assert "x" not in engine._inflight
     await asyncio.sleep(0.05)
     assert result.finished
     assert result.outputs[0].finish_reason == "cancelled"
@@ -194,7 +194,7 @@ async def test_cancelling_the_consumer_aborts(
 
     task = asyncio.create_task(consume())
     await asyncio.sleep(0.12)
-    result = engine._results["c"]
+    result = engine._inflight.results["c"]
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -258,6 +258,8 @@ async def test_kv_events_stream(model_dir: Path) -> None:
         await asyncio.sleep(0)
         await _collect(engine.generate(_req(prompt=(5, 6, 7, 8, 9), max_tokens=2)))
         event = await asyncio.wait_for(waiter, 3)
+        assert event["data"]["type"] == "created"  # 1.2: the cache's creation comes first
+        event = await asyncio.wait_for(anext(events), 3)  # type: ignore[arg-type]
         assert event["data"]["type"] == "stored"
         await events.aclose()  # type: ignore[attr-defined]
     finally:
@@ -321,18 +323,21 @@ async def test_aggregated_instance_refuses_prefill(engine: TrtllmEngine) -> None
         await engine.prefill(_req())
 
 
-async def test_encode_mode_returns_embedding_handles(model_dir: Path) -> None:
-    encoder = await _engine(model_dir, mode="encode")
-    try:
-        req = GenerateRequest("e", (5, 6), images=(ImageInput("h", payload=b"pixels"),))
-        result = await encoder.prefill(req)
-        state = json.loads(result.opaque_state)
-        assert state["kind"] == "encode"
-        assert state["multimodal_embedding_handles"][0]["tensor_size"][0] > 0
-        with pytest.raises(InvalidRequestError):
-            await _collect(encoder.generate(_req()))
-    finally:
-        await encoder.stop()
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        ({"mode": "encode"}, "--mode encode is built-in only"),
+        ({"encode_url": ["http://e"]}, "--encode-url"),
+    ],
+)
+def test_encode_mode_is_refused_at_start_up(
+    model_dir: Path, flags: dict[str, Any], match: str
+) -> None:
+    """EPD is built-in only (docs/trtllm.md): the flags fail before anything loads."""
+    from engine.trtllm.loader import TrtllmUnsupportedError
+
+    with pytest.raises(TrtllmUnsupportedError, match=match):
+        TrtllmEngine(Settings(engine="trtllm", model=str(model_dir), **flags))
 
 
 async def test_autodeploy_backend_prunes_args(
@@ -356,16 +361,21 @@ async def test_decode_skips_the_engine_when_context_already_finished(model_dir: 
             "format": "trtllm-disagg/1",
             "kind": "context",
             "ctx_request_id": 3,
-            "first_gen_tokens": [],
+            "first_gen_tokens": [42],
             "draft_tokens": None,
             "encoded_opaque_state": None,
             "finish_reason": "stop",
         }
+        first = (TokenLogprob(42, -0.5, ((42, -0.5),)),)
         params = DisaggParams(
-            request_type="generation_only", opaque_state=json.dumps(body).encode()
+            request_type="generation_only",
+            opaque_state=json.dumps(body).encode(),
+            first_logprobs=first,
         )
-        events = await _collect(decode.generate(GenerateRequest("d", (5, 6), disagg=params)))
+        req = GenerateRequest("d", (5, 6), SamplingParams(logprobs=1), disagg=params)
+        events = await _collect(decode.generate(req))
         assert [e.finish_reason for e in events] == ["stop"]
+        assert events[0].token_ids == (42,) and events[0].logprobs == first
         assert decode._llm.recorded_requests == []
     finally:
         await decode.stop()

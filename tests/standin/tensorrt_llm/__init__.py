@@ -1,45 +1,62 @@
 """Stand-in for `tensorrt_llm` 1.2 (no GPU): the documented LLM API surface the gateway uses.
 
-Reproduces, from shared/reference/trtllm_api.md (section numbers there):
-- §1.1 import paths: `tensorrt_llm.LLM`, `.SamplingParams`, `.MultimodalEncoder`,
-  `.DisaggregatedParams`; `tensorrt_llm.llmapi` re-exports (KvCacheConfig, SchedulerConfig,
-  CapacitySchedulerPolicy, DynamicBatchConfig, CudaGraphConfig, CacheTransceiverConfig,
-  RequestError, ...); `tensorrt_llm.executor.utils.RequestError`;
+Reproduces, from TensorRT-LLM 1.2-era sources (NVIDIA/TensorRT-LLM, paths under tensorrt_llm/):
+- import paths (`__init__.py`, `llmapi/__init__.py`, `executor/utils.py`): `tensorrt_llm.LLM`,
+  `.SamplingParams`, `.MultimodalEncoder`, `.DisaggregatedParams`; `tensorrt_llm.llmapi` re-exports
+  (KvCacheConfig, SchedulerConfig, CapacitySchedulerPolicy, DynamicBatchConfig, CudaGraphConfig,
+  CacheTransceiverConfig, RequestError, ...); `tensorrt_llm.executor.utils.RequestError`;
   `tensorrt_llm._torch.auto_deploy.LLM`.
-- §1.2 `LLM(model, tokenizer=None, ..., **kwargs)`: unknown kwargs raise
-  `ValueError("LLM got invalid argument: ...")`; `backend` is popped; nested configs accepted as
-  objects or dicts and validated strictly (unknown keys raise); `DynamicBatchConfig` has no
-  defaults (all three fields required); `llm.args`, `llm.tokenizer`, `llm.shutdown()`.
-- §2.1 `generate_async` is a plain method taking keyword arguments; raises
+- `llmapi/llm.py` + `llmapi/llm_args.py`: `LLM(model, tokenizer=None, ..., **kwargs)`: unknown
+  kwargs raise `ValueError("LLM got invalid argument: ...")`; `backend` is popped; nested configs
+  accepted as objects or dicts and validated strictly (unknown keys raise); `DynamicBatchConfig` has
+  no defaults (all three fields required); `llm.args`, `llm.tokenizer`, `llm.shutdown()`.
+- `llmapi/llm.py` `generate_async` is a plain method taking keyword arguments; raises
   `RuntimeError("LLM is shutting down")` after shutdown; without chunked prefill a prompt longer
-  than max_num_tokens raises ValueError; `end_id` is filled when None (from the model's
-  config.json here, as there is no tokenizer); context-only forces `max_tokens = 1` **on the
-  SamplingParams object passed in** (mutation reproduced); the default `max_tokens` is 32.
-- §2.3 `RequestOutput`: `request_id` is an **int** assigned by the engine; `outputs[0]` is a
-  `CompletionOutput` with `token_ids`, `logprobs` (`list[dict[int, Logprob]]`, or the legacy flat
-  `list[float]` when `FLAT_LOGPROBS` is set), `prompt_logprobs`, `finish_reason`, `stop_reason`,
-  `disaggregated_params` and the `*_diff` properties; `cached_tokens`; `abort()`/`aborted()`;
-  `await res` and `async for`.
-- §2.4 streaming: `__anext__` returns **the same object mutated in place**; diffs are relative to
-  the previous step; `detokenize=False` leaves `text == ""`; the end id is not part of
-  `token_ids` (finish 'stop', stop_reason = end id), nor is a stop token id; 'length' at
-  max_tokens; after `abort()` the next step ends with finish_reason 'cancelled'; iterating a
-  result created without a running event loop fails with the documented assertion; per-request
-  failures raise `RequestError` from the iteration (trigger here: a prompt token id outside the
-  vocabulary, or a generation-only request whose opaque state does not match its prompt).
-- §4.1 disaggregation: context-only returns one token, finish 'not_finished' (or 'stop' on the
-  end id) and `DisaggregatedParams(context_only, first_gen_tokens, ctx_request_id: int,
-  opaque_state: bytes)`; generation-only needs the **same prompt token ids** (checked against
-  the opaque state) and starts its output with `first_gen_tokens`; both sides need
-  `cache_transceiver_config`.
-- §6 stats: `get_stats_async(timeout)` / `get_kv_cache_events_async(timeout)` return one shared
-  async iterator per LLM that ends after `timeout` without data and is re-armed by the next
-  request; empty before the first request (KV events assert instead); stats need
-  `enable_iter_perf_stats`, KV events need `kv_cache_config.event_buffer_max_size > 0`; field
-  names as in §6.2/§6.3.
-- §7 `MultimodalEncoder(model, ...)`: `generate_async(inputs)` returns a result whose
-  `mm_embedding_handle` has `tensor_size` and whose disaggregated params carry
+  than max_num_tokens raises ValueError; `end_id` is filled when None (from the model's config.json
+  here, as there is no tokenizer); context-only forces `max_tokens = 1` **on the SamplingParams
+  object passed in** (mutation reproduced); the default `max_tokens` is 32.
+- `executor/result.py` `RequestOutput`: `request_id` is an **int** assigned by the engine;
+  `outputs[0]` is a `CompletionOutput` with `token_ids`, `logprobs` (`list[dict[int, Logprob]]`, or
+  the legacy flat `list[float]` when `FLAT_LOGPROBS` is set), `prompt_logprobs`, `finish_reason`,
+  `stop_reason`, `disaggregated_params` and the `*_diff` properties; `cached_tokens`;
+  `abort()`/`aborted()`; `await res` and `async for`.
+- `executor/result.py` streaming: `__anext__` returns **the same object mutated in place**; diffs
+  are relative to the previous step; `detokenize=False` leaves `text == ""`; the end id is not part
+  of `token_ids` (finish 'stop', stop_reason None), nor is a stop token id; 'length' at max_tokens;
+  after `abort()` the next step ends with finish_reason 'cancelled'; iterating a result created
+  without a running event loop fails with the documented assertion; per-request failures raise
+  `RequestError` from the iteration (trigger here: a prompt token id outside the vocabulary, or a
+  generation-only request whose opaque state does not match its prompt).
+- `disaggregated_params.py` + `executor/result.py` disaggregation: context-only returns one token,
+  finish 'not_finished' (or 'stop' on the end id) and `DisaggregatedParams(context_only,
+  first_gen_tokens, ctx_request_id: int, opaque_state: bytes)`; generation-only needs the **same
+  prompt token ids** (checked against the opaque state) and starts its output with
+  `first_gen_tokens`; both sides need `cache_transceiver_config`.
+- `llmapi/llm.py` stats: `get_stats_async(timeout)` / `get_kv_cache_events_async(timeout)` return
+  one shared async iterator per LLM that ends after `timeout` without data and is re-armed by the
+  next request; empty before the first request (KV events assert instead); stats need
+  `enable_iter_perf_stats`, KV events need `kv_cache_config.event_buffer_max_size > 0`; field names
+  as `_torch/pyexecutor/py_executor.py` and the executor's JSON serialization write them.
+- `llmapi/mm_encoder.py` `MultimodalEncoder(model, ...)`: `generate_async(inputs)` returns a result
+  whose `mm_embedding_handle` has `tensor_size` and whose disaggregated params carry
   `multimodal_embedding_handles` and 8-int `multimodal_hashes`.
+
+Less kind than a naive fake, as the real library is (tests/unit/test_trtllm_fidelity.py):
+- the model ends its turn with the last EOS id of generation_config.json (Llama-3: <|eot_id|>),
+  which stops generation only if it is `end_id` or in `stop_token_ids`;
+- `logprobs=0` / `prompt_logprobs=0` return nothing (tested for truth); prompt logprobs are one
+  top-k dict per prompt position, entry t scoring token t+1, the actual token only sometimes
+  among them (`_scripted.prompt_topk`);
+- `kvCacheStats.reusedBlocks` / `missedBlocks` are lifetime totals in every iteration, each
+  context block counted once, reused or missed; block keys stop before the prompt's last
+  token, so cached_tokens < len(prompt) (batch_manager/kvCacheManager.cpp);
+- `RequestOutput.abort()` raises after `llm.shutdown()`, finished or not (executor/result.py);
+- `LLM(...)` validates its kwargs with `TorchLlmArgs` (1.2's keys; no
+  `fail_fast_on_attention_window_too_large`); `tensorrt_llm.logger.logger.set_level`;
+- `SamplingParams.guided_decoding` (`GuidedDecodingParams`, one guide only) is ignored without
+  `guided_decoding_backend`; with it, the scripted tokens are masked by llguidance built from
+  the model's tokenizer (`_guided.py`); `embedding_bias` must be float32 [vocab] and steers
+  the tokens.
 
 Tokens are not a model's: a hash of (prompt token ids, position) picks each one, so a run is
 deterministic and the same prompt gives the same tokens aggregated or split prefill/decode. The

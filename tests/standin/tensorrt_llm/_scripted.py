@@ -27,8 +27,40 @@ def token_at(prompt_token_ids: Sequence[int], position: int, vocab_size: int) ->
     return low + _h("tok", prompt_key(prompt_token_ids), position) % span
 
 
+def biased(token_id: int, bias: list[float]) -> int:
+    """The token after TensorRT-LLM adds embedding_bias to the logits: a banned (-inf) token
+    gives way to the most favoured one, and a bias of +50 or more wins outright."""
+    best = max(range(len(bias)), key=lambda t: (bias[t], -t))
+    if bias[token_id] == float("-inf") or bias[best] >= 50:
+        return best
+    return token_id
+
+
 def logprob_at(token_id: int, position: int, rank: int) -> float:
     return -0.05 - (_h("lp", token_id, position) % 100) / 50.0 - (rank - 1) * 2.5
+
+
+def prompt_topk(
+    prompt_token_ids: Sequence[int], position: int, k: int, vocab_size: int
+) -> list[tuple[int, float]]:
+    """The k best (token, logprob) after prompt position `position`, best first.
+
+    The actual next prompt token is among them at even positions only (rank 1 or 2), so a
+    mapping that pairs entries with the wrong token, or assumes the token is there, shows.
+    """
+    nxt = prompt_token_ids[position + 1] if position + 1 < len(prompt_token_ids) else None
+    base = _h("ptop", tuple(prompt_token_ids), position)
+    ids: list[int] = []
+    if nxt is not None and position % 2 == 0:
+        ids.append(nxt)
+    while len(ids) < k:
+        cand = (base + 7919 * len(ids) + 1) % vocab_size
+        if cand != nxt and cand not in ids:
+            ids.append(cand)
+        base += 1
+    if len(ids) > 1 and position % 4 == 2:
+        ids[0], ids[1] = ids[1], ids[0]  # the actual token at rank 2
+    return [(tid, -0.1 - 1.5 * rank - (base % 7) / 10) for rank, tid in enumerate(ids[:k])]
 
 
 def opaque_state(prompt_token_ids: Sequence[int], ctx_request_id: int) -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 
@@ -13,6 +13,11 @@ class GuidedDecodingParams:
     grammar: str | None = None
     json_object: bool = False
     structural_tag: str | None = None
+
+    def _validate(self) -> None:
+        guides = sum(bool(getattr(self, f.name)) for f in fields(self))
+        if guides > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {guides}.")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -74,3 +79,5 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if self.top_p is not None and not 0 <= self.top_p <= 1:
             raise ValueError("top_p must be in [0, 1]")
+        if self.guided_decoding is not None:
+            self.guided_decoding._validate()

@@ -15,6 +15,7 @@ from tensorrt_llm.executor.utils import RequestError
 from tensorrt_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from tensorrt_llm._guided import Guide
     from tensorrt_llm.llmapi.llm import LLM
 
 FLAT_LOGPROBS = False
@@ -95,6 +96,7 @@ class RequestOutput:
         self._aborted = False
         self._reported_final = False
         self._position = 0
+        self._guide: Guide | None = None
         self._has_loop = _has_event_loop()
         self._delay = float(os.environ.get("TRTLLM_STANDIN_STEP_DELAY_S", "0") or 0)
         dp = disaggregated_params
@@ -107,6 +109,12 @@ class RequestOutput:
 
     # -- public API -----------------------------------------------------------------------
     def abort(self) -> None:
+        # Real (tensorrt_llm/executor/result.py, GenerationResult.abort): it calls
+        # `self._executor().abort_request(self.request_id)` with no check of `finished`; the
+        # result holds only a weakref to the executor, which LLM.shutdown() drops, so after
+        # shutdown the call fails on None, finished or not.
+        if self._llm._shutdown:
+            raise AttributeError("'NoneType' object has no attribute 'abort_request'")
         self._aborted = True
 
     def aborted(self) -> bool:
@@ -163,13 +171,25 @@ class RequestOutput:
         generated = self._position  # counts first_gen_tokens on the generation-only side
         self._position += 1
         token = _scripted.token_at(self.prompt_token_ids, generated, self._llm._vocab_size)
+        if sp.embedding_bias is not None:
+            token = _scripted.biased(token, sp.embedding_bias.squeeze(0).tolist())
         past_min = generated >= (sp.min_tokens or 0)
         if (
             not sp.ignore_eos
             and past_min
+            and self._llm._turn_end is not None
             and generated == _scripted.natural_length(self.prompt_token_ids)
         ):
-            self._finish("stop", sp.end_id)
+            # The model ends its turn with its own end-of-turn id; only end_id or a
+            # stop_token_ids entry stops it (executor: end_id / stop words), else it runs on.
+            token = int(self._llm._turn_end)
+        if self._guide is not None:
+            token = self._guide.pick(token)  # the grammar's bitmask on the logits
+        if token == sp.end_id and not sp.ignore_eos:
+            # Real (executor/result.py, _handle_sequence): FinishReason.END_ID sets
+            # finish_reason 'stop' and leaves stop_reason None; only STOP_WORDS (stop_token_ids
+            # among them) set stop_reason, to the matched id.
+            self._finish("stop", None)
             return
         if past_min and token in (sp.stop_token_ids or ()):
             if sp.include_stop_str_in_output:
@@ -177,6 +197,8 @@ class RequestOutput:
             self._finish("stop", token)
             return
         self._append(token, generated)
+        if self._guide is not None:
+            self._guide.accept(token)
         if self._context_only:
             self._finish_context(token)
         elif len(out.token_ids) >= sp.max_tokens:
@@ -199,16 +221,29 @@ class RequestOutput:
                 raise RequestError("KV cache transfer failed: context state does not match")
         else:
             self.cached_tokens = self._llm._reuse_prefix(self.prompt_token_ids)
-        if self._sp.prompt_logprobs is not None:
+        if self._sp.guided_decoding is not None and self._llm._guided is not None:
+            self._guide = self._llm._guided.start(self._sp.guided_decoding, self._sp.end_id or 0)
+            for token in self.outputs[0].token_ids:  # first_gen_tokens, generation-only side
+                self._guide.accept(token)
+        if self._sp.prompt_logprobs:  # 0 is falsy: "no prompt logprobs" (_get_output_config)
+            # One top-k dict per context position; entry t is the distribution after token t
+            # (so it scores token t+1), built from context logits with no target token: the
+            # actual next token is there only if it is in the top k (executor/result.py).
             k = self._sp.prompt_logprobs
+            vocab = self._llm._vocab_size
+            prompt = self.prompt_token_ids
             self.outputs[0].prompt_logprobs = [
-                self._logprob_entry(t, i, k) for i, t in enumerate(self.prompt_token_ids[1:])
+                {
+                    tid: Logprob(lp, rank)
+                    for rank, (tid, lp) in enumerate(_scripted.prompt_topk(prompt, t, k, vocab), 1)
+                }
+                for t in range(len(prompt))
             ]
 
     def _append(self, token: int, position: int) -> None:
         out = self.outputs[0]
         out.token_ids.append(token)
-        if self._sp.logprobs is not None:
+        if self._sp.logprobs:  # logprobs=0 returns none: TensorRT-LLM tests it for truth
             entry = self._logprob_entry(token, position, self._sp.logprobs)
             out.logprobs.append(entry)
             chosen = entry if isinstance(entry, float) else entry[token].logprob

@@ -10,9 +10,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tensorrt_llm._guided import GuidedDecoder
 from tensorrt_llm.disaggregated_params import DisaggregatedParams
 from tensorrt_llm.executor.result import IterationResult, RequestOutput
-from tensorrt_llm.llmapi.llm_args import NESTED_MODELS, TORCH_LLM_ARGS, KvCacheConfig
+from tensorrt_llm.llmapi.llm_args import (
+    NESTED_MODELS,
+    TORCH_LLM_ARGS,
+    KvCacheConfig,
+    TorchLlmArgs,
+)
 from tensorrt_llm.sampling_params import SamplingParams
 
 logger = logging.getLogger("tensorrt_llm")
@@ -26,6 +32,7 @@ _DEFAULTS: dict[str, Any] = {
     "enable_iter_perf_stats": False,
     "cache_transceiver_config": None,
     "max_stats_len": 1000,
+    "guided_decoding_backend": None,
 }
 
 
@@ -48,6 +55,7 @@ class LLM:
         invalid = sorted(k for k in kwargs if k not in TORCH_LLM_ARGS)
         if invalid:
             raise ValueError(f"LLM got invalid argument: {', '.join(invalid)}")
+        TorchLlmArgs.model_validate(kwargs)  # nested configs: unknown keys raise
         args = {**_DEFAULTS, **kwargs}
         for name, model_cls in NESTED_MODELS.items():
             value = args.get(name)
@@ -67,8 +75,13 @@ class LLM:
         self.llm_id = f"standin-{os.getpid()}"
         config = _read_config(Path(model))
         self._vocab_size = int(config.get("vocab_size") or 32000)
+        # tokenizer.eos_token_id fills a missing end_id (one id); the model itself ends a turn
+        # with the last id of generation_config.json's eos list (Llama-3.x: <|eot_id|> 128009),
+        # which TensorRT-LLM only stops on if it is end_id or in stop_token_ids.
         eos = config.get("eos_token_id")
         self._eos = eos[0] if isinstance(eos, list) else eos
+        turn_end = _read_json(Path(model) / "generation_config.json").get("eos_token_id", eos)
+        self._turn_end = turn_end[-1] if isinstance(turn_end, list) else turn_end
         self._next_request_id = 1
         self._active: dict[int, RequestOutput] = {}
         self._seen_blocks: set[tuple[int, ...]] = set()
@@ -78,6 +91,12 @@ class LLM:
         self._stats = IterationResult()
         self._kv_events = IterationResult()
         self._event_id = 0
+        # Lifetime counters, as the C++ KV cache manager keeps them: every iteration's
+        # kvCacheStats repeats the running totals (kvCacheManager getKvCacheStats), not deltas.
+        self._reused_blocks = 0
+        self._missed_blocks = 0
+        backend = self.args.guided_decoding_backend
+        self._guided = GuidedDecoder(Path(model), backend, self._vocab_size) if backend else None
         self.recorded_requests: list[dict[str, Any]] = []  # stand-in only: what was submitted
         logger.info("stand-in LLM ready: %s", model)
 
@@ -104,6 +123,10 @@ class LLM:
             if self._eos is None:
                 raise ValueError("end_id is None and there is no tokenizer to take it from")
             sp.end_id = self._eos
+        _check_embedding_bias(sp.embedding_bias, self._vocab_size)
+        if sp.guided_decoding is not None and self.args.guided_decoding_backend is None:
+            # No guided decoder was built (py_executor_creator): the guide is ignored.
+            logger.warning("guided_decoding given but no guided_decoding_backend: ignored")
         request_type = disaggregated_params.request_type if disaggregated_params else None
         if request_type in ("context_only", "generation_only") and (
             self.args.cache_transceiver_config is None
@@ -140,9 +163,11 @@ class LLM:
         return res
 
     def shutdown(self) -> None:
-        self._shutdown = True
+        if self._shutdown:  # real: LLM.shutdown() returns once its executor is gone
+            return
         for res in list(self._active.values()):
             res.abort()
+        self._shutdown = True
 
     def __enter__(self) -> LLM:
         return self
@@ -165,12 +190,15 @@ class LLM:
 
     # -- called by RequestOutput ----------------------------------------------------------
     def _reuse_prefix(self, prompt_token_ids: list[int]) -> int:
+        # As WindowBlockManager::addSequence / loadOrAllocateBlocks (batch_manager/
+        # kvCacheManager.cpp): block keys cover the prompt less its last token ("it can't be
+        # recovered"), so at least one token is always recomputed; each of the
+        # ceil(len / tokens_per_block) context blocks counts once, as reused (++mReusedBlocks)
+        # or missed (++mMissedBlocks). Partial-block reuse is not modelled: only full blocks match.
         kv = self.args.kv_cache_config
         size = kv.tokens_per_block
-        blocks = [
-            tuple(prompt_token_ids[: i + size])
-            for i in range(0, len(prompt_token_ids) - size + 1, size)
-        ]
+        keyed = len(prompt_token_ids) - 1
+        blocks = [tuple(prompt_token_ids[: i + size]) for i in range(0, keyed - size + 1, size)]
         if not kv.enable_block_reuse:
             return 0
         reused = 0
@@ -179,8 +207,22 @@ class LLM:
                 break
             reused += 1
         new = [b for b in blocks[reused:] if b not in self._seen_blocks]
+        self._reused_blocks += reused
+        self._missed_blocks += -(-len(prompt_token_ids) // size) - reused
         self._seen_blocks.update(new)
         if new and kv.event_buffer_max_size > 0:
+            # As KVCacheEventManager (batch_manager/kvCacheEventManager.cpp): a "created" event
+            # first (enqueueCreatedEvent, when the cache is made; here before the first stored
+            # one), then "stored" runs whose parent_hash is the block they continue.
+            if self._event_id == 0:
+                self._kv_events.put(
+                    {
+                        "event_id": 0,
+                        "window_size": size * 1024,
+                        "data": {"type": "created", "num_blocks_per_cache_level": [1024, 0]},
+                    }
+                )
+            parent = hash(blocks[reused - 1]) & 0xFFFFFFFFFFFFFFFF if reused else None
             self._event_id += 1
             self._kv_events.put(
                 {
@@ -188,7 +230,7 @@ class LLM:
                     "window_size": size * 1024,
                     "data": {
                         "type": "stored",
-                        "parent_hash": None,
+                        "parent_hash": parent,
                         "blocks": [
                             {
                                 "type": "stored_block",
@@ -232,8 +274,8 @@ class LLM:
                     "tokensPerBlock": kv.tokens_per_block,
                     "allocTotalBlocks": used,
                     "allocNewBlocks": 0,
-                    "reusedBlocks": 0,
-                    "missedBlocks": 0,
+                    "reusedBlocks": self._reused_blocks,
+                    "missedBlocks": self._missed_blocks,
                     "cacheHitRate": 0.0,
                 },
                 "inflightBatchingStats": {
@@ -277,11 +319,27 @@ def _multimodal_ids(prompt: Any, data: Any, vocab: int) -> list[int]:
     return ids
 
 
-def _read_config(model: Path) -> dict[str, Any]:
-    path = model / "config.json"
+def _check_embedding_bias(bias: Any, vocab: int) -> None:
+    """The executor Request takes a float32 tensor of shape [vocab_size] (or [1, vocab_size])."""
+    if bias is None:
+        return
+    import torch
+
+    if not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32:
+        raise TypeError("embedding_bias must be a torch.float32 tensor")
+    if bias.squeeze(0).shape != (vocab,):
+        raise ValueError(f"embedding_bias must have shape [{vocab}], got {list(bias.shape)}")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
-    config: dict[str, Any] = json.loads(path.read_text())
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _read_config(model: Path) -> dict[str, Any]:
+    config = _read_json(model / "config.json")
     text = config.get("text_config")
     if isinstance(text, dict):
         config = {**text, **{k: v for k, v in config.items() if k != "text_config"}}

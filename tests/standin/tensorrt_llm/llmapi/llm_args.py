@@ -1,11 +1,15 @@
-"""Stand-in `tensorrt_llm.llmapi.llm_args`: strict config models and the accepted LLM kwargs."""
+"""Stand-in `tensorrt_llm.llmapi.llm_args`: strict config models and `TorchLlmArgs`.
+
+Keys as in TensorRT-LLM 1.2's llm_args.py (PyTorch backend): configs are `extra="forbid"`
+but, like the real StrictBaseModel, not strict about types ("8" is coerced to 8).
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, create_model
 
 
 class StrictBaseModel(BaseModel):
@@ -23,8 +27,13 @@ class ContextChunkingPolicy(StrEnum):
     EQUAL_PROGRESS = "EQUAL_PROGRESS"
 
 
+class WaitingQueuePolicy(StrEnum):
+    FCFS = "FCFS"
+
+
 class DynamicBatchConfig(StrictBaseModel):
-    # 1.0/1.1: all three required (no defaults).
+    # 1.0/1.1: all three required (no defaults). The PyTorch backend ignores it: "This only
+    # applies for the TensorRT backend and cannot currently be used with the PyTorch backend."
     enable_batch_size_tuning: bool
     enable_max_num_tokens_tuning: bool
     dynamic_batch_moving_average_window: int
@@ -34,6 +43,7 @@ class SchedulerConfig(StrictBaseModel):
     capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
     context_chunking_policy: ContextChunkingPolicy | None = None
     dynamic_batch_config: DynamicBatchConfig | None = None
+    waiting_queue_policy: WaitingQueuePolicy = WaitingQueuePolicy.FCFS
 
 
 class KvCacheConfig(StrictBaseModel):
@@ -68,6 +78,24 @@ class CacheTransceiverConfig(StrictBaseModel):
     max_tokens_in_buffer: int | None = None
     kv_transfer_timeout_ms: int | None = None
     kv_transfer_sender_future_timeout_ms: int | None = 1000
+
+
+class MoeConfig(StrictBaseModel):
+    backend: Literal[
+        "AUTO", "CUTLASS", "CUTEDSL", "WIDEEP", "TRTLLM", "DEEPGEMM", "VANILLA", "TRITON"
+    ] = "AUTO"
+    max_num_tokens: int | None = None
+    load_balancer: Any = None
+    disable_finalize_fusion: bool = False
+    use_low_precision_moe_combine: bool = False
+
+
+class Nvfp4GemmConfig(StrictBaseModel):
+    allowed_backends: list[Literal["cutlass", "cublaslt", "cutedsl", "cuda_core"]] = [
+        "cutlass",
+        "cublaslt",
+        "cuda_core",
+    ]
 
 
 TORCH_LLM_ARGS = frozenset(
@@ -145,14 +173,55 @@ TORCH_LLM_ARGS = frozenset(
         "ray_worker_extension_cls",
         "enable_sleep",
         "max_stats_len",
-        "fail_fast_on_attention_window_too_large",
+        "custom_tokenizer",
+        "model_kwargs",
+        "env_overrides",
+        "nvfp4_gemm_config",
+        "backend",
     ]
 )
-"""`TorchLlmArgs` field names: every `LLM(**kwargs)` key must be one of these (§1.2, §1.3)."""
+"""`TorchLlmArgs` field names: every `LLM(**kwargs)` key must be one of these (§1.2, §1.3).
+`fail_fast_on_attention_window_too_large` is TrtLlmArgs' (the TensorRT backend), not here."""
 
 NESTED_MODELS: dict[str, type[StrictBaseModel]] = {
     "kv_cache_config": KvCacheConfig,
     "scheduler_config": SchedulerConfig,
     "cuda_graph_config": CudaGraphConfig,
     "cache_transceiver_config": CacheTransceiverConfig,
+    "moe_config": MoeConfig,
+    "nvfp4_gemm_config": Nvfp4GemmConfig,
 }
+
+_INT_FIELDS = (
+    "max_batch_size",
+    "max_num_tokens",
+    "max_seq_len",
+    "max_input_len",
+    "max_beam_width",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "stream_interval",
+)
+_BOOL_FIELDS = (
+    "enable_chunked_prefill",
+    "enable_attention_dp",
+    "enable_iter_perf_stats",
+    "disable_overlap_scheduler",
+    "trust_remote_code",
+)
+
+_FIELDS: dict[str, Any] = {
+    **dict.fromkeys(TORCH_LLM_ARGS, (Any, None)),
+    **dict.fromkeys(_INT_FIELDS, (int | None, None)),
+    **dict.fromkeys(_BOOL_FIELDS, (bool, False)),
+    "env_overrides": (dict[str, str] | None, None),
+    "model_kwargs": (dict[str, Any] | None, None),
+    **{name: (cls | None, None) for name, cls in NESTED_MODELS.items()},
+}
+TorchLlmArgs: type[BaseModel] = create_model(
+    "TorchLlmArgs",
+    __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
+    **_FIELDS,
+)
+"""The real class's field set and nested config types; validators that need a GPU are not
+reproduced (dtype checks CUDA, the tokenizer is loaded)."""

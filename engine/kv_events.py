@@ -1,0 +1,153 @@
+"""KV-cache events both engines publish for KV-aware routers, and the numbered log that holds them.
+
+The events are TensorRT-LLM's and vLLM's (which Dynamo's KV router consumes): a run of full
+blocks stored (chained block hashes, the parent block's hash, their token ids, block size, LoRA
+id), blocks removed (evicted), all blocks cleared. Hashes are signed 64-bit integers, as Dynamo
+carries them. The built-in engine's block manager appends from the engine thread; readers (the
+NDJSON endpoint, the ZMQ publisher) read by event id from the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]  # block_size tokens per hash, in order
+    block_size: int
+    lora_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KvCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventRecord:
+    event_id: int
+    ts: float  # time.time() when appended
+    event: KvCacheEvent
+
+
+def signed64(value: bytes | int) -> int:
+    """A block hash as a signed 64-bit integer (digests: their first 8 bytes, little endian)."""
+    if isinstance(value, bytes):
+        return int.from_bytes(value[:8], "little", signed=True)
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def event_json(rec: KvEventRecord) -> dict[str, Any]:
+    """One event as JSON (the NDJSON stream's lines): vLLM's field names plus id and time."""
+    ev = rec.event
+    out: dict[str, Any] = {"event_id": rec.event_id, "ts": rec.ts, "type": type(ev).__name__}
+    if isinstance(ev, BlockStored):
+        out |= {
+            "block_hashes": list(ev.block_hashes),
+            "parent_block_hash": ev.parent_block_hash,
+            "token_ids": list(ev.token_ids),
+            "block_size": ev.block_size,
+            "lora_id": ev.lora_id,
+        }
+    elif isinstance(ev, BlockRemoved):
+        out["block_hashes"] = list(ev.block_hashes)
+    return out
+
+
+def event_from_json(raw: dict[str, Any]) -> KvCacheEvent:
+    """The inverse of event_json (a decode instance following a sibling); ValueError if bad."""
+    kind = raw.get("type")
+    try:
+        if kind == "BlockStored":
+            parent = raw.get("parent_block_hash")
+            return BlockStored(
+                block_hashes=tuple(int(h) for h in raw["block_hashes"]),
+                parent_block_hash=None if parent is None else int(parent),
+                token_ids=tuple(int(t) for t in raw["token_ids"]),
+                block_size=int(raw["block_size"]),
+                lora_id=raw.get("lora_id"),
+            )
+        if kind == "BlockRemoved":
+            return BlockRemoved(tuple(int(h) for h in raw["block_hashes"]))
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"bad {kind} event: {e}") from None
+    if kind == "AllBlocksCleared":
+        return AllBlocksCleared()
+    raise ValueError(f"unknown KV event type {kind!r}")
+
+
+class KvEventLog:
+    """A bounded, numbered, thread-safe log of KV events with async waiting for new ones.
+
+    `instance` changes with every process, so a reader that sees another instance than before
+    knows the writer restarted (its ids start over and its cache is empty).
+    """
+
+    def __init__(
+        self, block_size: int, num_blocks: int = 0, capacity: int = 100_000, enabled: bool = True
+    ) -> None:
+        self.enabled = enabled  # False: the engine can publish events but was not asked to
+        self.instance = uuid.uuid4().hex
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self._records: deque[KvEventRecord] = deque(maxlen=capacity)
+        self._next_id = 0
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self.listeners: list[Any] = []  # callables taking a KvEventRecord (the ZMQ publisher)
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id
+
+    def append(self, event: KvCacheEvent) -> None:
+        """Any thread. Wakes the readers waiting on their event loops."""
+        with self._lock:
+            rec = KvEventRecord(self._next_id, time.time(), event)
+            self._next_id += 1
+            self._records.append(rec)
+            waiters, self._waiters = self._waiters, []
+        for listener in self.listeners:
+            listener(rec)
+        for loop, flag in waiters:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(flag.set)
+
+    def since(self, after: int) -> tuple[list[KvEventRecord], bool]:
+        """Records with event_id > after, and whether some after `after` were already dropped."""
+        with self._lock:
+            first = self._records[0].event_id if self._records else self._next_id
+            lost = after + 1 < first
+            start = max(0, after + 1 - first)
+            return [self._records[i] for i in range(start, len(self._records))], lost
+
+    async def wait(self, after: int, seconds: float) -> None:
+        """Return once an event with id > after exists, or after `seconds`."""
+        flag = asyncio.Event()
+        with self._lock:
+            if self._next_id > after + 1:
+                return
+            self._waiters.append((asyncio.get_running_loop(), flag))
+        try:
+            await asyncio.wait_for(flag.wait(), seconds)
+        except TimeoutError:
+            with self._lock:
+                self._waiters = [w for w in self._waiters if w[1] is not flag]

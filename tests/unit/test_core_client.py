@@ -1,0 +1,236 @@
+"""CoreClient over a thread, against a scripted core (no torch): the whole wire path but spawn.
+
+The real model over a spawned process is tests/engine/test_core_process.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from config.settings import Settings
+from engine.core import messages as m
+from engine.core.client import CoreClient
+from engine.core.inproc import ThreadLauncher
+from engine.protocol import (
+    ContextTooLongError,
+    DisaggParams,
+    EngineDeadError,
+    EngineHealth,
+    EngineInfo,
+    GenerateRequest,
+    ImageInput,
+    InvalidRequestError,
+    SamplingParams,
+    TokenEvent,
+    Usage,
+)
+
+BOOM = 666  # a prompt token that makes the scripted step raise (an engine bug)
+
+
+class ScriptedCore:
+    """One token a step per request: token = 100 + position; prompt [BOOM] breaks the step."""
+
+    def __init__(self, _settings: Settings) -> None:
+        self.stopping = False
+        self.live: dict[str, list[int]] = {}  # request id -> [produced, max_tokens, prompt_len]
+        self.out: list[tuple[str, TokenEvent]] = []
+        self.errors: list[tuple[str, m.RequestError]] = []
+        self.added: list[m.Add] = []
+        self.blobs: dict[str, bytes | None] = {}
+        self.breaks = False
+
+    def load(self) -> m.Ready:
+        return m.Ready(EngineInfo("scripted", 64, 1000, (2,)), "/nowhere", self._health())
+
+    wake_fd = None
+
+    def handle(self, msg: m.Inbound, frames: list[bytes]) -> tuple[m.Reply, bytes | None] | None:
+        if isinstance(msg, m.Add):
+            self.added.append(msg)
+            self.blobs[msg.request_id] = frames[0] if frames else None
+            n = len(msg.prompt_token_ids)
+            if n + msg.sampling.max_tokens > 64:
+                self.errors.append(
+                    (
+                        msg.request_id,
+                        m.RequestError.of(ContextTooLongError(n, msg.sampling.max_tokens, 64)),
+                    )
+                )
+            else:
+                self.breaks |= msg.prompt_token_ids == (BOOM,)
+                self.live[msg.request_id] = [0, msg.sampling.max_tokens, n]
+        elif isinstance(msg, m.Abort):
+            state = self.live.pop(msg.request_id, None)
+            if state is not None:
+                self.out.append((msg.request_id, self._final((), "abort", state)))
+        elif isinstance(msg, m.ExportKv):
+            if msg.request_id == "held":
+                return m.Reply(msg.cookie), b"kv-bytes"
+            return m.Reply(msg.cookie, m.RequestError("invalid", "no KV held")), None
+        elif isinstance(msg, m.Stop):
+            self.stopping = True
+            for rid in list(self.live):
+                self.out.append((rid, self._final((), "abort", self.live.pop(rid))))
+        return None
+
+    def has_work(self) -> bool:
+        return bool(self.live)
+
+    def idle_timeout(self) -> float | None:
+        return None
+
+    def step(self) -> None:
+        if self.breaks:
+            raise RuntimeError("scripted engine bug")
+        time.sleep(0.002)  # a step takes time, as a real one does
+        for rid, state in list(self.live.items()):
+            state[0] += 1
+            token = (100 + state[0],)
+            if state[0] >= state[1]:
+                del self.live[rid]
+                self.out.append((rid, self._final(token, "length", state)))
+            else:
+                self.out.append((rid, TokenEvent(token)))
+
+    def batch(self) -> m.OutputBatch:
+        out, errors, self.out, self.errors = self.out, self.errors, [], []
+        return m.OutputBatch(out, errors, self._health())
+
+    def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
+        return len(prompt_token_ids) // 2
+
+    def _final(self, token: tuple[int, ...], reason: str, state: list[int]) -> TokenEvent:
+        return TokenEvent(
+            token,
+            None,
+            finish_reason=reason,  # type: ignore[arg-type]
+            usage=Usage(state[2], state[0]),
+        )
+
+    def _health(self) -> EngineHealth:
+        return EngineHealth(state="ready", running=len(self.live))
+
+
+CORES: list[ScriptedCore] = []
+
+
+def scripted(settings: Settings) -> ScriptedCore:
+    CORES.append(ScriptedCore(settings))
+    return CORES[-1]
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[CoreClient]:
+    c = CoreClient(ThreadLauncher(Settings(), scripted), "scripted", 16)
+    await c.start()
+    yield c
+    await c.stop()
+
+
+def req(rid: str, prompt: tuple[int, ...] = (1, 2, 3), max_tokens: int = 4) -> GenerateRequest:
+    return GenerateRequest(rid, prompt, SamplingParams(max_tokens=max_tokens))
+
+
+async def test_streams_fan_out_to_their_requests(client: CoreClient) -> None:
+    assert client.info.model_id == "scripted" and client.tokenizer_dir == "/nowhere"
+    assert client.health().state == "ready"
+
+    async def run(rid: str, n: int) -> list[int]:
+        return [t async for ev in client.generate(req(rid, max_tokens=n)) for t in ev.token_ids]
+
+    a, b = await asyncio.gather(run("a", 3), run("b", 6))
+    assert a == [101, 102, 103]
+    assert b == [101, 102, 103, 104, 105, 106]
+    await asyncio.sleep(0.05)
+    assert client.health().running == 0
+
+
+async def test_closing_a_stream_aborts_it_in_the_core(client: CoreClient) -> None:
+    gen = client.generate(req("x", max_tokens=50))
+    first = await gen.__anext__()
+    assert first.token_ids
+    await gen.aclose()
+    for _ in range(100):
+        if client.health().running == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert client.health().running == 0
+
+
+async def test_errors_arrive_as_engine_errors_before_the_first_event(client: CoreClient) -> None:
+    with pytest.raises(ContextTooLongError) as exc:
+        async for _ in client.generate(req("long", max_tokens=100)):
+            pass
+    assert exc.value.max_model_len == 64
+    huge = GenerateRequest("huge", (1,), SamplingParams(seed=2**70))
+    with pytest.raises(InvalidRequestError, match="seed") as exc:
+        async for _ in client.generate(huge):
+            pass
+    assert exc.value.param == "seed"
+    huge_id = GenerateRequest("huge2", (1,), SamplingParams(stop_token_ids=(2**70,)))
+    with pytest.raises(InvalidRequestError, match="out of range"):
+        async for _ in client.generate(huge_id):
+            pass
+    image = ImageInput("h", payload=None)
+    with pytest.raises(InvalidRequestError, match="does not accept images"):
+        async for _ in client.generate(GenerateRequest("img", (1,), images=(image,))):
+            pass
+
+
+async def test_kv_handoff_and_probe(client: CoreClient) -> None:
+    assert await client.pull_kv("held") == b"kv-bytes"
+    with pytest.raises(InvalidRequestError, match="no KV held"):
+        await client.pull_kv("other")
+    assert client.cached_prefix_tokens(tuple(range(10))) == 5
+    disagg = DisaggParams("generation_only", first_token_ids=(7,), kv_payload=b"blob")
+    r = GenerateRequest("dec", (1, 2), SamplingParams(max_tokens=2), disagg=disagg)
+    assert [ev async for ev in client.generate(r)][-1].finish_reason == "length"
+    core = CORES[-1]
+    assert core.blobs["dec"] == b"blob"  # the KV went as its own frame
+    assert core.added[-1].first_token_ids == (7,)
+
+
+async def test_prefill_holds_kv(client: CoreClient) -> None:
+    result = await client.prefill(req("ctx", max_tokens=9))
+    assert result.first_token_ids == (101,)
+    assert result.prompt_tokens == 3
+
+
+async def drain(gen: AsyncIterator[TokenEvent]) -> list[TokenEvent]:
+    async with contextlib.aclosing(gen):
+        return [ev async for ev in gen]
+
+
+async def test_a_dead_core_fails_open_streams_and_health() -> None:
+    c = CoreClient(ThreadLauncher(Settings(), ScriptedCore), "scripted", 16)
+    await c.start()
+    try:
+        victim = c.generate(req("victim", max_tokens=60))
+        await victim.__anext__()
+        with pytest.raises(EngineDeadError, match="scripted engine bug"):
+            await drain(c.generate(req("boom", prompt=(BOOM,))))
+        with pytest.raises(EngineDeadError, match="scripted engine bug"):
+            await drain(victim)
+        h = c.health()
+        assert h.state == "dead" and "scripted engine bug" in h.detail
+        with pytest.raises(EngineDeadError):
+            await drain(c.generate(req("after")))
+    finally:
+        await c.stop()
+
+
+async def test_stop_ends_open_streams_with_abort() -> None:
+    c = CoreClient(ThreadLauncher(Settings(), ScriptedCore), "scripted", 16)
+    await c.start()
+    gen = c.generate(req("open", max_tokens=60))
+    await gen.__anext__()
+    await c.stop()
+    events = [ev async for ev in gen]
+    assert events[-1].finish_reason == "abort"
+    assert c.health().state == "draining"

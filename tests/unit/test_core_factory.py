@@ -1,0 +1,32 @@
+"""--engine-process / --no-engine-process pick the engine the factory builds (nothing started)."""
+
+from __future__ import annotations
+
+from config.settings import Settings
+from engine.builtin.config import engine_settings
+from engine.builtin.engine import BuiltinEngine
+from engine.core.client import CoreClient
+from engine.core.process import ProcessLauncher
+from engine.factory import create_engine
+
+
+def test_flag_picks_the_core_client() -> None:
+    on = Settings(_cli_parse_args=["--engine-process"])
+    off = Settings(_cli_parse_args=["--no-engine-process"])
+    assert on.engine_process and not off.engine_process
+    engine = create_engine(on)
+    assert isinstance(engine, CoreClient)
+    assert isinstance(engine.launcher, ProcessLauncher)
+    assert engine.health().state == "loading"
+    assert isinstance(create_engine(off), BuiltinEngine)
+
+
+def test_the_core_never_gets_the_api_keys() -> None:
+    settings = Settings(api_key=["sk-secret"], served_model_name="m")
+    core = engine_settings(settings)
+    assert core.api_key == [] and core.api_key_file is None
+    assert core.served_model_name == "m"
+    engine = create_engine(settings.model_copy(update={"engine_process": True}))
+    assert isinstance(engine, CoreClient) and engine.info.model_id == "m"
+    assert isinstance(engine.launcher, ProcessLauncher)
+    assert engine.launcher.settings.api_key == []

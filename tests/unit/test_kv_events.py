@@ -1,0 +1,151 @@
+"""KV events: the built-in block manager's stream after a scripted scheduler run, and the log."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from engine.builtin.block_manager import BlockManager
+from engine.builtin.scheduler import Scheduler
+from engine.builtin.sequence import Sequence
+from engine.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEventLog,
+    event_from_json,
+    event_json,
+    signed64,
+)
+from engine.protocol import SamplingParams
+
+BS = 4
+
+
+def _seq(request_id: str, prompt: list[int]) -> Sequence:
+    return Sequence(
+        request_id=request_id,
+        token_ids=list(prompt),
+        prompt_len=len(prompt),
+        sampling=SamplingParams(max_tokens=4),
+        generator=torch.Generator(),
+    )
+
+
+def _run(sched: Scheduler, seq: Sequence, new_tokens: int) -> None:
+    """Drive one sequence to completion the way the stepper does, with scripted tokens."""
+    sched.add(seq)
+    for t in range(new_tokens):
+        chunks = sched.schedule()
+        sched.commit(chunks)
+        seq.token_ids.append(900 + t)
+    sched.finish(seq)
+
+
+def _replay(log: KvEventLog) -> dict[int, BlockStored]:
+    """What a router knows after reading the whole stream: hash -> the event that stored it."""
+    known: dict[int, BlockStored] = {}
+    records, lost = log.since(-1)
+    assert not lost
+    for rec in records:
+        ev = rec.event
+        if isinstance(ev, AllBlocksCleared):
+            known.clear()
+        elif isinstance(ev, BlockStored):
+            assert len(ev.token_ids) == len(ev.block_hashes) * ev.block_size
+            for h in ev.block_hashes:
+                known[h] = ev
+        else:
+            for h in ev.block_hashes:
+                del known[h]  # a removed hash was stored before
+    return known
+
+
+def test_stream_matches_the_block_manager_after_a_scripted_run() -> None:
+    blocks = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
+    log = KvEventLog(BS, blocks.num_blocks)
+    blocks.events = log
+    blocks.clear_cache()
+    sched = Scheduler(blocks, max_batch_size=4, max_num_tokens=64)
+    shared = list(range(100, 108))  # two full blocks
+    a = _seq("a", [*shared, 1, 2, 3, 4, 5])
+    _run(sched, a, 3)
+    b = _seq("b", [*shared, 7, 7])  # reuses a's two blocks
+    _run(sched, b, 2)
+    c = _seq("c", list(range(200, 220)))  # 5 blocks + 1 token: evicts some of a's and b's
+    _run(sched, c, 4)
+
+    known = _replay(log)
+    assert set(known) == {signed64(h) for h in blocks.cached}
+    # Every stored event names its block's tokens and chains to its parent's hash.
+    for block, h in enumerate(blocks.hash_of):
+        if h is None or blocks.cached.get(h) != block:
+            continue
+        ev = known[signed64(h)]
+        assert ev.block_size == BS and ev.lora_id is None
+    first = [r.event for r in log.since(-1)[0] if isinstance(r.event, BlockStored)][:2]
+    assert first[0].parent_block_hash is None and first[0].token_ids == tuple(shared[:4])
+    assert first[1].parent_block_hash == first[0].block_hashes[0]
+    assert first[1].token_ids == tuple(shared[4:8])
+    # b found a's blocks: nothing stored twice for the shared prefix.
+    stored = [
+        h
+        for r in log.since(-1)[0]
+        if isinstance(r.event, BlockStored)
+        for h in r.event.block_hashes
+    ]
+    assert len(stored) == len(set(stored))
+    assert any(isinstance(r.event, BlockRemoved) for r in log.since(-1)[0])
+    assert isinstance(log.since(-1)[0][0].event, AllBlocksCleared)
+
+
+def test_no_events_without_prefix_caching() -> None:
+    blocks = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=False)
+    blocks.events = log = KvEventLog(BS)
+    _run(Scheduler(blocks, 4, 64), _seq("a", list(range(12))), 2)
+    assert log.since(-1) == ([], False)
+
+
+def test_signed64() -> None:
+    assert signed64(2**64 - 1) == -1
+    assert signed64(5) == 5
+    assert signed64(2**63) == -(2**63)
+    assert signed64(b"\xff" * 8 + b"\x00" * 8) == -1
+
+
+def test_json_round_trip() -> None:
+    log = KvEventLog(4)
+    events = [
+        BlockStored((1, -2), None, (1, 2, 3, 4, 5, 6, 7, 8), 4),
+        BlockRemoved((-2,)),
+        AllBlocksCleared(),
+    ]
+    for ev in events:
+        log.append(ev)
+    records, _ = log.since(-1)
+    lines = [event_json(r) for r in records]
+    assert [x["event_id"] for x in lines] == [0, 1, 2]
+    assert lines[0]["type"] == "BlockStored" and lines[0]["parent_block_hash"] is None
+    assert [event_from_json(x) for x in lines] == events
+
+
+def test_log_resume_loss_and_wait() -> None:
+    log = KvEventLog(4, capacity=3)
+    for i in range(5):
+        log.append(BlockRemoved((i,)))
+    records, lost = log.since(3)
+    assert [r.event_id for r in records] == [4] and not lost
+    records, lost = log.since(-1)  # ids 0 and 1 were dropped
+    assert [r.event_id for r in records] == [2, 3, 4] and lost
+    assert log.since(4) == ([], False)
+
+    async def waiting() -> float:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        loop.call_later(0.05, log.append, AllBlocksCleared())
+        await log.wait(4, 5.0)
+        return loop.time() - t0
+
+    assert asyncio.run(waiting()) < 1.0
+    assert log.next_id == 6

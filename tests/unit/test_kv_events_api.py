@@ -1,0 +1,97 @@
+"""/internal/v1/kv-events and /internal/v1/load in process: NDJSON content, resume, resync, 404."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+
+from app.main import create_app
+from config.settings import Settings
+from engine.fake import FakeEngine
+from engine.kv_events import BlockRemoved, BlockStored, KvEventLog
+from engine.protocol import EngineInfo
+from tests.conftest import wait_ready
+
+
+class EventFakeEngine(FakeEngine):
+    """The fake engine with a KV event log (a KvEventSource) the test writes to."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.kv_event_log = KvEventLog(block_size=4, num_blocks=64, capacity=3)
+
+
+@pytest.fixture
+async def events_client(
+    settings: Settings, engine_info: EngineInfo, reply_ids: list[int], tokenizer_dir: Path
+) -> AsyncIterator[tuple[httpx.AsyncClient, KvEventLog]]:
+    engine = EventFakeEngine(engine_info, reply_ids, tokenizer_dir=tokenizer_dir)
+    app = create_app(settings, engine=engine)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            await wait_ready(client)
+            yield client, engine.kv_event_log
+
+
+async def _lines(client: httpx.AsyncClient, **params: object) -> list[dict[str, object]]:
+    r = await client.get("/internal/v1/kv-events", params={"follow": "false", **params})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+    return [json.loads(line) for line in r.text.splitlines()]
+
+
+async def test_stream_resume_and_resync(
+    events_client: tuple[httpx.AsyncClient, KvEventLog],
+) -> None:
+    client, log = events_client
+    log.append(BlockStored((11,), None, (1, 2, 3, 4), 4))
+    log.append(BlockStored((12,), 11, (5, 6, 7, 8), 4))
+    lines = await _lines(client)
+    assert lines[0] == {
+        "type": "Hello", "instance": log.instance, "block_size": 4, "num_blocks": 64, "next_id": 2,
+    }  # fmt: skip
+    assert [(x["event_id"], x["block_hashes"], x["parent_block_hash"]) for x in lines[1:]] == [
+        (0, [11], None),
+        (1, [12], 11),
+    ]
+    assert (await _lines(client, after=0))[1]["event_id"] == 1  # resume after id 0
+    r = await client.get(
+        "/internal/v1/kv-events", params={"follow": "false"}, headers={"Last-Event-ID": "1"}
+    )
+    assert r.text.count("\n") == 1  # only the Hello: nothing after id 1
+    for h in (13, 14):
+        log.append(BlockRemoved((h,)))  # capacity 3: id 0 is dropped
+    lines = await _lines(client)
+    assert [x["type"] for x in lines] == [
+        "Hello",
+        "Resync",
+        "BlockStored",
+        "BlockRemoved",
+        "BlockRemoved",
+    ]
+    assert lines[2]["event_id"] == 1
+
+
+async def test_load(events_client: tuple[httpx.AsyncClient, KvEventLog]) -> None:
+    client, _ = events_client
+    body = (await client.get("/internal/v1/load")).json()
+    assert body["state"] == "ready" and body["kv_blocks_total"] == 64
+    assert {"running", "waiting", "kv_usage", "kv_blocks_used", "in_flight", "queued"} <= set(body)
+
+
+async def test_bad_after_is_a_400(events_client: tuple[httpx.AsyncClient, KvEventLog]) -> None:
+    client, _ = events_client
+    r = await client.get("/internal/v1/kv-events", params={"after": "-5"})
+    assert r.status_code == 400 and "after" in r.json()["error"]["param"]
+
+
+async def test_engine_without_events_is_a_404(client: httpx.AsyncClient) -> None:
+    r = await client.get("/internal/v1/kv-events")
+    assert r.status_code == 404 and "KV events" in r.json()["error"]["message"]
+    body = (await client.get("/internal/v1/load")).json()
+    assert body["kv_blocks_total"] == 0 and body["state"] == "ready"
