@@ -2,8 +2,8 @@
 # trtllm-gateway images. Two targets:
 #   docker build --target trtllm  -t trtllm-gateway:trtllm .   # TensorRT-LLM 1.2 (NGC), GPU
 #   docker build --target builtin -t trtllm-gateway:builtin .  # built-in engine, slim base
-# Both run from the repository root (WORKDIR) so the top-level packages `app`, `config`,
-# `engine`, `routers`, `multimodal` import without installing the project as a wheel.
+# Both run from the repository root (WORKDIR) so the package `trtllm_gateway` imports without
+# installing the project as a wheel.
 
 ARG TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:1.2.0
 
@@ -19,17 +19,13 @@ RUN python3 -m pip install \
         "prometheus-fastapi-instrumentator>=7.0" "pydantic-settings>=2.4" "httpx>=0.27" \
         "pillow>=10.0" "blake3>=0.4" "pyyaml>=6.0" "jinja2>=3.1" "gguf>=0.10" \
     && useradd --create-home --uid 10001 gateway
-COPY --chown=gateway:gateway app ./app
-COPY --chown=gateway:gateway config ./config
-COPY --chown=gateway:gateway engine ./engine
-COPY --chown=gateway:gateway routers ./routers
-COPY --chown=gateway:gateway multimodal ./multimodal
+COPY --chown=gateway:gateway trtllm_gateway ./trtllm_gateway
 USER gateway
 EXPOSE 8000
 # Loading a large model takes minutes: /health is 503 until the engine is ready.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
     CMD python3 -c "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('GATEWAY_PORT','8000'), timeout=4)"
-CMD ["python3", "-m", "app", "serve", "--engine", "trtllm", "--host", "0.0.0.0"]
+CMD ["python3", "-m", "trtllm_gateway", "serve", "--engine", "trtllm", "--host", "0.0.0.0"]
 
 # ---------------------------------------------------------------------------------------------
 # builtin: the built-in PyTorch engine on a slim Python base (CPU torch unless the
@@ -43,13 +39,9 @@ COPY pyproject.toml constraints.txt ./
 RUN python -c "import tomllib; d=tomllib.load(open('pyproject.toml','rb')); open('/tmp/req.txt','w').write('\n'.join(d['project']['dependencies']))" \
     && pip install -c constraints.txt -r /tmp/req.txt \
     && useradd --create-home --uid 10001 gateway
-COPY --chown=gateway:gateway app ./app
-COPY --chown=gateway:gateway config ./config
-COPY --chown=gateway:gateway engine ./engine
-COPY --chown=gateway:gateway routers ./routers
-COPY --chown=gateway:gateway multimodal ./multimodal
+COPY --chown=gateway:gateway trtllm_gateway ./trtllm_gateway
 USER gateway
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD python -c "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('GATEWAY_PORT','8000'), timeout=4)"
-CMD ["python", "-m", "app", "serve", "--host", "0.0.0.0"]
+CMD ["python", "-m", "trtllm_gateway", "serve", "--host", "0.0.0.0"]

@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 model: install  ## convert the packaged GGUF once (cached under ~/.cache/trtllm-gateway)
-	$(PY) -c "from engine.model_source import resolve_model; print(resolve_model('default'))"
+	$(PY) -c "from trtllm_gateway.engine.model_source import resolve_model; print(resolve_model('default'))"
 
 serve: model
 	$(VENV)/bin/trtllm-gateway serve --host $(HOST) --port $(PORT) $(ARGS)

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from bench.offline import random_prompts
-from config.settings import Settings
-from engine.builtin.engine import BuiltinEngine
-from engine.protocol import GenerateRequest, SamplingParams
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 
 
 async def step_ms(dtype: str, batch: int, steps: int, quantization: str = "none") -> float:

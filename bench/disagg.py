@@ -36,7 +36,7 @@ def _port() -> int:
 
 def _start(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _port()
-    cmd = [sys.executable, "-m", "app", "serve", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "trtllm_gateway", "serve", "--port", str(port), *args]
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=f)
     url = f"http://127.0.0.1:{port}"

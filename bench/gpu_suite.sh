@@ -34,7 +34,7 @@ has 135m && tail -1 "$OUT/offline_135m.log" > "$OUT/offline_135m.json"
 # The same engine settings behind the HTTP server: one token per chunk (the default), then
 # --stream-interval 8 (a request's tokens go out every 8 steps; TensorRT-LLM's stream_interval).
 for SI in $(has 135m && echo 1 8); do
-  python3 -m app serve --model $M135 --load-format dummy --tokenizer "$TOK" --port 8123 \
+  python3 -m trtllm_gateway serve --model $M135 --load-format dummy --tokenizer "$TOK" --port 8123 \
     --max-model-len 2304 --max-num-tokens 8192 --max-batch-size 256 --log-level warning \
     --stream-interval $SI > "$OUT/server_135m_si$SI.log" 2>&1 &
   SERVER=$!

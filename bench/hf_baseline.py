@@ -32,7 +32,7 @@ def build(shape: Path) -> Any:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="config/models/llama-3.1-8b.json")
+    p.add_argument("--model", default="trtllm_gateway/config/models/llama-3.1-8b.json")
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=1024)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 64, 32])

@@ -21,9 +21,9 @@ import time
 from typing import Any
 
 from bench.stats import summarize
-from config.settings import Settings
-from engine.builtin.engine import BuiltinEngine
-from engine.protocol import GenerateRequest, SamplingParams
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[tuple[int, ...]]:

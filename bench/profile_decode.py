@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from bench.device import copy_bandwidth
-from config.settings import Settings
-from engine.builtin.kernels.decode_attention import choose_splits, decode_attention
-from engine.builtin.loader import load
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits, decode_attention
+from trtllm_gateway.engine.builtin.loader import load
 
 
 def timed(fn: Any, iters: int = 30) -> float:
@@ -47,7 +47,7 @@ def graphed(fn: Any, reps: int = 20) -> float:
 
 
 def sweep_gemv(lm: Any, bw: float) -> dict[str, Any]:
-    from engine.builtin.kernels.skinny_gemm import skinny_linear
+    from trtllm_gateway.engine.builtin.kernels.skinny_gemm import skinny_linear
 
     layer = lm.model.layers[0]
     out: dict[str, Any] = {}
@@ -133,7 +133,7 @@ def fill_batch(g: Any, lm: Any, b: int, ctx: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="config/models/llama-3.1-8b.json")
+    p.add_argument("--model", default="trtllm_gateway/config/models/llama-3.1-8b.json")
     p.add_argument("--ctx", type=int, default=1088)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--profile-batch", type=int, default=1)

@@ -1,6 +1,7 @@
 """`make bench`: the CPU suite (real SmolLM2 behind the HTTP server) and docs/benchmarks.md.
 
-Starts `python -m app serve` on the default model (CPU, dtype auto), waits for /health, runs
+Starts `python -m trtllm_gateway serve` on the default model (CPU, dtype auto), waits for
+/health, runs
 bench.serve at concurrency 1, 8 and 32 (random 128-token prompts, 128 output tokens, ignore_eos,
 streaming), notes the machine load before each run, and rewrites the CPU section of
 docs/benchmarks.md. --gpu-summary FILE pastes a bench/gpu_suite.sh summary into the GPU section.
@@ -44,7 +45,16 @@ def _cpu_name() -> str:
 
 def cpu_suite(args: argparse.Namespace) -> dict[str, Any]:
     port = str(args.port)
-    server_cmd = [sys.executable, "-m", "app", "serve", "--device", "cpu", "--port", port]
+    server_cmd = [
+        sys.executable,
+        "-m",
+        "trtllm_gateway",
+        "serve",
+        "--device",
+        "cpu",
+        "--port",
+        port,
+    ]
     server_cmd += ["--max-batch-size", "32", "--log-level", "warning", *args.server_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(server_cmd, env=env)

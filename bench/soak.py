@@ -5,7 +5,8 @@ warm-up, no KV blocks or requests left in the engine at the end.
     python -m bench.soak [--requests 10000] [--concurrency 64] [--cancel-rate 0.2]
                          [--max-tokens 32] [--url URL --pid PID] [-- serve flags...]
 
-Without --url it starts `python -m app serve` itself (flags after `--` are passed to it) and
+Without --url it starts `python -m trtllm_gateway serve` itself (flags after `--` are passed
+to it) and
 stops it with SIGTERM at the end (a drain, checked to exit 0). Prints one JSON summary.
 """
 
@@ -186,7 +187,7 @@ async def soak(args: Any, url: str, pid: int) -> dict[str, Any]:
 
 
 def _start_server(port: int, serve_args: list[str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "app", "serve", "--port", str(port), *serve_args]
+    cmd = [sys.executable, "-m", "trtllm_gateway", "serve", "--port", str(port), *serve_args]
     log = open(os.environ.get("SOAK_LOG", "/tmp/trtllm-gateway-soak.log"), "wb")  # noqa: SIM115
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
 

@@ -18,10 +18,15 @@ import json
 import statistics
 import time
 
-from config.settings import Settings
-from engine.builtin.engine import BuiltinEngine
-from engine.model_source import resolve_model
-from engine.protocol import GenerateRequest, GuidedDecoding, SamplingParams, TokenEvent
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.model_source import resolve_model
+from trtllm_gateway.engine.protocol import (
+    GenerateRequest,
+    GuidedDecoding,
+    SamplingParams,
+    TokenEvent,
+)
 
 SCHEMA = {
     "type": "object",

@@ -12,11 +12,11 @@ import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from app.main import create_app
-from config.settings import Settings
-from engine.fake import FakeEngine
-from engine.protocol import EngineInfo
-from engine.tokenizer import Tokenizer
+from trtllm_gateway.app.main import create_app
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.protocol import EngineInfo
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 MODEL = "tiny-model"
 MAX_MODEL_LEN = 256

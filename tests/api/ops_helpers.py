@@ -11,12 +11,12 @@ import httpx
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from app.drain import Drain
-from app.main import create_app
-from app.state import State
-from config.settings import Settings
-from engine.fake import FakeEngine
 from tests.conftest import MODEL, wait_ready
+from trtllm_gateway.app.drain import Drain
+from trtllm_gateway.app.main import create_app
+from trtllm_gateway.app.state import State
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
 
 CHAT: dict[str, Any] = {
     "model": MODEL,

@@ -9,10 +9,10 @@ import dataclasses
 import httpx
 import pytest
 
-from config.settings import Settings
-from engine.fake import FakeEngine
-from engine.protocol import GenerateRequest, OverloadedError, PrefillResult
 from tests.api.ops_helpers import CHAT, drain_of, serve, wait_until
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.protocol import GenerateRequest, OverloadedError, PrefillResult
 
 
 async def test_full_queue_is_503_before_any_work(

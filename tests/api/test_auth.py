@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import Settings
-from engine.fake import FakeEngine
 from tests.api.ops_helpers import CHAT, serve
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
 
 KEYS = ["sk-one", "sk-two"]
 

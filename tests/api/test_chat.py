@@ -11,11 +11,11 @@ import openai
 import pytest
 from fastapi import FastAPI
 
-from engine.fake import FakeEngine
-from engine.protocol import OverloadedError
-from engine.tokenizer import Tokenizer
 from tests.api.sse_helpers import chat_text, parse_sse
 from tests.conftest import MAX_MODEL_LEN, MODEL, REPLY
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.protocol import OverloadedError
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 URL = "/v1/chat/completions"
 

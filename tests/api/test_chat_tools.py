@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from config.settings import Settings
-from engine.fake import FakeEngine
-from engine.tokenizer import Tokenizer
 from tests.api.agent_helpers import TIME, WEATHER, message_view, reassemble, without_ids
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import MAX_MODEL_LEN, MODEL
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 URL = "/v1/chat/completions"
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"

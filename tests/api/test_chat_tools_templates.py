@@ -12,11 +12,6 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from app.main import create_app
-from config.settings import Settings
-from engine.fake import FakeEngine
-from engine.protocol import EngineInfo
-from engine.tokenizer import Tokenizer
 from tests.api.agent_helpers import message_view, reassemble, without_ids
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import MODEL, wait_ready
@@ -27,6 +22,11 @@ from tests.unit.test_tool_parsers_templates import (
     rendered_reply,
     template_tokenizer,
 )
+from trtllm_gateway.app.main import create_app
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.protocol import EngineInfo
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 URL = "/v1/chat/completions"
 LONG = 4096  # room for the long system prompts of real templates

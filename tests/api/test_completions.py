@@ -7,10 +7,10 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.fake import FakeEngine
-from engine.tokenizer import Tokenizer
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import MODEL, REPLY
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 URL = "/v1/completions"
 

@@ -3,9 +3,9 @@ X-Request-Id is exposed to browsers."""
 
 from __future__ import annotations
 
-from config.settings import Settings
-from engine.fake import FakeEngine
 from tests.api.ops_helpers import CHAT, serve
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
 
 ORIGIN = "https://app.example"
 PREFLIGHT = {

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from config.settings import Settings
-from engine.fake import FakeEngine
 from tests.api.ops_helpers import CHAT, drain_of, serve, wait_until
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
 
 LONG = {**CHAT, "stream": True, "max_tokens": 200, "ignore_eos": True}
 

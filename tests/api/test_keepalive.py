@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from config.settings import Settings
-from engine.fake import FakeEngine
-from engine.protocol import EngineDeadError
 from tests.api.ops_helpers import CHAT, serve
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.protocol import EngineDeadError
 
 STREAM = {**CHAT, "stream": True, "max_tokens": 3}
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 from asgi_lifespan import LifespanManager
 
-from app.main import create_app
-from config.settings import Settings
-from engine.fake import FakeEngine
 from tests.conftest import MODEL, wait_ready
+from trtllm_gateway.app.main import create_app
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
 
 LABEL = f'model_name="{MODEL}"'
 

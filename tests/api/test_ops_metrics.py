@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 from fastapi import FastAPI
 
-from engine.remote_prefill_stats import RemotePrefillStats
 from tests.api.ops_helpers import state_of
 from tests.conftest import MODEL
+from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
 
 LABEL = f'model_name="{MODEL}"'
 

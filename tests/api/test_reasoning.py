@@ -9,12 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-from config.settings import Settings
-from engine.fake import FakeEngine
-from engine.tokenizer import Tokenizer
 from tests.api.agent_helpers import message_view, reassemble
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import MODEL
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 URL = "/v1/chat/completions"
 REPLY = "<think>\nThe capital of France.\n</think>\n\nParis."

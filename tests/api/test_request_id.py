@@ -10,9 +10,9 @@ import logging
 import httpx
 import pytest
 
-from app.logs import JsonFormatter, RequestIdFilter
-from engine.fake import FakeEngine
 from tests.api.ops_helpers import CHAT
+from trtllm_gateway.app.logs import JsonFormatter, RequestIdFilter
+from trtllm_gateway.engine.fake import FakeEngine
 
 
 async def test_client_id_is_used_and_echoed(client: httpx.AsyncClient) -> None:
@@ -45,9 +45,9 @@ async def test_generated_when_missing_or_invalid(client: httpx.AsyncClient) -> N
 async def test_one_log_line_per_request(
     client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="app.access")
+    caplog.set_level(logging.INFO, logger="trtllm_gateway.access")
     await client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "log-1"})
-    records = [r for r in caplog.records if r.name == "app.access"]
+    records = [r for r in caplog.records if r.name == "trtllm_gateway.access"]
     assert len(records) == 1
     fields = records[0].fields  # type: ignore[attr-defined]
     assert fields["request_id"] == "log-1"

@@ -11,13 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
-from config.settings import Settings
-from engine.fake import FakeEngine
-from engine.protocol import GuidedDecoding
-from engine.tokenizer import Tokenizer
 from tests.api.agent_helpers import WEATHER
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import CHATML, MODEL
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.protocol import GuidedDecoding
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 TEMPLATE = CHATML.replace("<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n")
 

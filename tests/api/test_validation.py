@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.fake import FakeEngine
-from engine.protocol import GenerateRequest, TokenEvent
-from engine.tokenizer import Tokenizer
-from routers.validation import MAX_CHOICES, MAX_DEPTH
 from tests.conftest import MODEL
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.protocol import GenerateRequest, TokenEvent
+from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.routers.validation import MAX_CHOICES, MAX_DEPTH
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"

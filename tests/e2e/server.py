@@ -37,7 +37,15 @@ class Server:
 
     def start(self, log_dir: Path, ready_timeout: float = 180.0, wait: bool = True) -> Server:
         self.log_path = log_dir / f"server-{self.port}.log"
-        cmd = [sys.executable, "-m", "app", "serve", "--port", str(self.port), *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trtllm_gateway",
+            "serve",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)

@@ -1,5 +1,6 @@
 """What the Dockerfile promises, checked where no Docker engine runs: both targets run as a
-non-root user, start the gateway through `python -m app serve`, and their HEALTHCHECK command
+non-root user, start the gateway through `python -m trtllm_gateway serve`, and their HEALTHCHECK
+command
 really passes against a ready server (and fails against a port nobody serves)."""
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def test_target_runs_non_root_and_serves(target: str) -> None:
     body = _targets()[target]
     assert _instruction(body, "USER") not in ("root", "0")
     cmd = json.loads(_instruction(body, "CMD"))
-    assert cmd[1:4] == ["-m", "app", "serve"]
+    assert cmd[1:4] == ["-m", "trtllm_gateway", "serve"]
     if target == "trtllm":
         assert cmd[cmd.index("--engine") + 1] == "trtllm"
 

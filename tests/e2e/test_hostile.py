@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.model_source import resolve_model
-from engine.tokenizer import Tokenizer
 from tests.e2e.ops_client import MODEL
 from tests.e2e.server import Server
+from trtllm_gateway.engine.model_source import resolve_model
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 ATTACK = {"stop_token_ids": [-100000], "min_tokens": 2}
 VICTIM_PROMPTS = ["Name three colors.", "What is 2+2?", "Say hello in French."]

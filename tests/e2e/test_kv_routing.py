@@ -19,8 +19,8 @@ import httpx
 import pytest
 import zmq
 
-from engine.kv_events_zmq import _BlockStored, decode_batch
 from tests.e2e.server import Server, free_port
+from trtllm_gateway.engine.kv_events_zmq import _BlockStored, decode_batch
 
 KEY = "kv-routing-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

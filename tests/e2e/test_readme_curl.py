@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from config.flags_doc import README
 from tests.e2e.server import Server
+from trtllm_gateway.config.flags_doc import README
 
 BLOCK = re.compile(r"<!-- readme-test -->\n```bash\n(.*?)```", re.S)
 EXAMPLES = BLOCK.findall(README.read_text())

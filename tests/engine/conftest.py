@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from config.settings import Settings
-from engine.builtin.engine import BuiltinEngine
-from engine.model_source import resolve_model
-from engine.protocol import GenerateRequest, SamplingParams, TokenEvent
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.model_source import resolve_model
+from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams, TokenEvent
 
 PROMPTS = [
     "What is the capital of France?",

@@ -22,10 +22,11 @@ from typing import Any
 import psutil
 import pytest
 
-from config.settings import Settings
-from engine.builtin.config import core_client as builtin_core_client
-from engine.core.client import CoreClient
-from engine.protocol import (
+from tests.engine.conftest import EngineFactory, greedy
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.config import core_client as builtin_core_client
+from trtllm_gateway.engine.core.client import CoreClient
+from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     DisaggParams,
     EngineDeadError,
@@ -34,7 +35,6 @@ from engine.protocol import (
     InvalidRequestError,
     TokenEvent,
 )
-from tests.engine.conftest import EngineFactory, greedy
 
 CoreFactory = Callable[..., Coroutine[Any, Any, CoreClient]]
 

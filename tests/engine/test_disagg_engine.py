@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from engine.protocol import DisaggParams, GenerateRequest, InvalidRequestError
 from tests.engine.conftest import EngineFactory, collect, greedy
+from trtllm_gateway.engine.protocol import DisaggParams, GenerateRequest, InvalidRequestError
 
 
 async def test_prefill_then_import_equals_aggregated(

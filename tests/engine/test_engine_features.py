@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from engine.protocol import (
+from tests.engine.conftest import EngineFactory, collect, greedy
+from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     GenerateRequest,
     InvalidRequestError,
     SamplingParams,
 )
-from tests.engine.conftest import EngineFactory, collect, greedy
 
 
 def _tokens(events: list) -> list[int]:

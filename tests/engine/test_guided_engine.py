@@ -11,8 +11,13 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.protocol import DisaggParams, GenerateRequest, GuidedDecoding, SamplingParams
 from tests.engine.conftest import EngineFactory, collect, greedy
+from trtllm_gateway.engine.protocol import (
+    DisaggParams,
+    GenerateRequest,
+    GuidedDecoding,
+    SamplingParams,
+)
 
 PERSON = {
     "type": "object",
@@ -214,7 +219,7 @@ async def test_remote_prefill_constrains_both_sides(
 async def test_invalid_constraint_is_refused_before_running(
     make_engine: EngineFactory, chat_prompts: list[list[int]], bad: str
 ) -> None:
-    from engine.protocol import InvalidRequestError
+    from trtllm_gateway.engine.protocol import InvalidRequestError
 
     engine = await make_engine()
     kind = "json" if bad == "{" else "regex"
@@ -229,7 +234,7 @@ async def test_constraint_that_fails_on_the_tokenizer_names_its_param(
 ) -> None:
     """a{1000000} compiles (check_guided passes) but llguidance refuses it once built over the
     model's tokenizer: still the request's 400, naming the constraint (found by the fuzz)."""
-    from engine.protocol import InvalidRequestError
+    from trtllm_gateway.engine.protocol import InvalidRequestError
 
     engine = await make_engine()
     sp = greedy(4, guided=GuidedDecoding("regex", "a{1000000}"))

@@ -7,11 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.builtin.sampler import Sampler
-from engine.builtin.sequence import Sequence
-from engine.guided.matcher import GuidedFactory, RowMatcher, apply_bitmask, fill_bitmask
-from engine.model_source import resolve_model
-from engine.protocol import GenerateRequest, GuidedDecoding, SamplingParams
+from trtllm_gateway.engine.builtin.sampler import Sampler
+from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.guided.matcher import (
+    GuidedFactory,
+    RowMatcher,
+    apply_bitmask,
+    fill_bitmask,
+)
+from trtllm_gateway.engine.model_source import resolve_model
+from trtllm_gateway.engine.protocol import GenerateRequest, GuidedDecoding, SamplingParams
 
 VOCAB = 49152
 EOS = (2,)

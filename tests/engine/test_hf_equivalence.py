@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.protocol import GenerateRequest
 from tests.engine.conftest import EngineFactory, collect, greedy
+from trtllm_gateway.engine.protocol import GenerateRequest
 
 MAX_NEW = 24
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from engine.builtin.engine import BuiltinEngine
-from engine.protocol import GenerateRequest, InvalidRequestError
 from tests.engine.conftest import EngineFactory, collect, greedy
+from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError
 
 ATTACK = greedy(8, stop_token_ids=(-100000,), min_tokens=2)
 
@@ -62,7 +62,7 @@ async def test_sampling_failure_fails_only_its_own_request(
     make_engine: EngineFactory, chat_prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With admission checks off, the attack reaches the sampler in the victims' step."""
-    import engine.builtin.engine as builtin_engine
+    import trtllm_gateway.engine.builtin.engine as builtin_engine
 
     engine = await make_engine()
     prompts = [tuple(p) for p in chat_prompts[:4]]

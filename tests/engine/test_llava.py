@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
 from tests.engine.conftest import EngineFactory, collect, greedy
 from tests.engine.tiny_llava import build_tiny_llava, load_hf, sample_images
+from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
 
 MAX_TOKENS = 10
 

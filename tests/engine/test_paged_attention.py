@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.builtin.attention import AttentionMetadata, PrefillSpan, paged_attention
+from trtllm_gateway.engine.builtin.attention import AttentionMetadata, PrefillSpan, paged_attention
 
 BS, HQ, HK, D = 4, 6, 2, 8
 

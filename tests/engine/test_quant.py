@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.builtin.quant import INT8_MAX_ROWS, Int8Linear
-from engine.protocol import GenerateRequest
 from tests.engine.conftest import EngineFactory, collect, greedy
+from trtllm_gateway.engine.builtin.quant import INT8_MAX_ROWS, Int8Linear
+from trtllm_gateway.engine.protocol import GenerateRequest
 
 
 def test_int8_linear_close_to_dense_and_dense_for_big_batches() -> None:

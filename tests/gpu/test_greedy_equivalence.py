@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from config.settings import Settings
-from engine.builtin.engine import BuiltinEngine
-from engine.protocol import GenerateRequest, SamplingParams
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 
 CUDA = torch.device("cuda")
 NEW_TOKENS = 12
@@ -28,7 +28,7 @@ PROMPT_LENS = (5, 23, 70)
 
 
 def shape_file(tmp_path: Path, name: str, layers: int | None) -> Path:
-    cfg = json.loads(Path(f"config/models/{name}.json").read_text())
+    cfg = json.loads(Path(f"trtllm_gateway/config/models/{name}.json").read_text())
     if layers is not None:
         cfg["num_hidden_layers"] = layers
     path = tmp_path / f"{name}.json"

@@ -18,10 +18,15 @@ import jsonschema
 import pytest
 import torch
 
-from config.settings import Settings
-from engine.builtin.engine import BuiltinEngine
-from engine.guided.matcher import apply_bitmask
-from engine.protocol import GenerateRequest, GuidedDecoding, InvalidRequestError, SamplingParams
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.guided.matcher import apply_bitmask
+from trtllm_gateway.engine.protocol import (
+    GenerateRequest,
+    GuidedDecoding,
+    InvalidRequestError,
+    SamplingParams,
+)
 
 SCHEMA = {
     "type": "object",
@@ -49,7 +54,7 @@ async def engine() -> Any:
     tok = _tokenizer_dir()
     e = BuiltinEngine(
         Settings(
-            model="config/models/smollm2-135m.json",
+            model="trtllm_gateway/config/models/smollm2-135m.json",
             load_format="dummy",
             tokenizer=str(tok),
             device="cuda",
@@ -113,7 +118,7 @@ async def test_constrained_rows_conform_beside_free_rows(engine: BuiltinEngine) 
 async def test_bias_allowed_ids_and_isolation_on_cuda(
     engine: BuiltinEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import engine.builtin.engine as builtin_engine
+    import trtllm_gateway.engine.builtin.engine as builtin_engine
 
     prompt = tuple(range(200, 220))
     sp = SamplingParams(max_tokens=4, temperature=0.0, logit_bias=((777, 100.0),))

@@ -72,7 +72,7 @@ def ref_attention(
 def test_decode_attention(
     dtype: torch.dtype, hq: int, hk: int, d: int, page: int, splits: int
 ) -> None:
-    from engine.builtin.kernels.decode_attention import decode_attention
+    from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
 
     lens = [1, 17, 300, 1000, 64]
     num_blocks = 200
@@ -88,7 +88,7 @@ def test_decode_attention(
 
 
 def test_decode_padded_rows_are_zero() -> None:
-    from engine.builtin.kernels.decode_attention import decode_attention
+    from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
 
     k, v = paged_cache(8, 16, 2, 64, torch.bfloat16)
     q = torch.randn(3, 4, 64, device=CUDA).to(torch.bfloat16)
@@ -103,7 +103,10 @@ def test_decode_padded_rows_are_zero() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("hq", "hk", "d"), [(32, 8, 128), (9, 3, 64)])
 def test_prefill_attention_chunks_and_prefix(dtype: torch.dtype, hq: int, hk: int, d: int) -> None:
-    from engine.builtin.kernels.prefill_attention import prefill_attention, prefill_tiles
+    from trtllm_gateway.engine.builtin.kernels.prefill_attention import (
+        prefill_attention,
+        prefill_tiles,
+    )
 
     page, num_blocks = 16, 300
     # (context after this step, query tokens this step): whole prompts, a chunk after cached
@@ -138,11 +141,11 @@ def test_prefill_attention_chunks_and_prefix(dtype: torch.dtype, hq: int, hk: in
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_and_store(dtype: torch.dtype) -> None:
-    from engine.builtin.kernels.rope_store import rope_and_store
-    from engine.builtin.model_config import ModelConfig
-    from engine.builtin.rope import RotaryEmbedding
+    from trtllm_gateway.engine.builtin.kernels.rope_store import rope_and_store
+    from trtllm_gateway.engine.builtin.model_config import ModelConfig
+    from trtllm_gateway.engine.builtin.rope import RotaryEmbedding
 
-    cfg = ModelConfig.from_file(Path("config/models/llama-3.1-8b.json"))
+    cfg = ModelConfig.from_file(Path("trtllm_gateway/config/models/llama-3.1-8b.json"))
     rope = RotaryEmbedding(cfg, 4096).to(CUDA)
     nq, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     t = 37
@@ -167,8 +170,8 @@ def test_rope_and_store(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_and_silu(dtype: torch.dtype) -> None:
-    from engine.builtin.kernels.fused_ops import rms_norm, silu_mul
-    from engine.builtin.model import RMSNorm
+    from trtllm_gateway.engine.builtin.kernels.fused_ops import rms_norm, silu_mul
+    from trtllm_gateway.engine.builtin.model import RMSNorm
 
     n = 4096
     x = torch.randn(13, n, device=CUDA).to(dtype)
@@ -186,7 +189,7 @@ def test_rms_norm_and_silu(dtype: torch.dtype) -> None:
 
 
 def test_sampling_greedy_seeded_and_distribution() -> None:
-    from engine.builtin.kernels.sampling import row_key, sample
+    from trtllm_gateway.engine.builtin.kernels.sampling import row_key, sample
 
     logits = torch.randn(6, 128256, device=CUDA)
     logits[2, 5] = float("nan")  # NaN never wins
@@ -208,7 +211,7 @@ def test_sampling_greedy_seeded_and_distribution() -> None:
 @pytest.mark.parametrize("rows", [1, 5, 16])
 @pytest.mark.parametrize(("n", "k"), [(4096, 4096), (300, 576), (4096, 14336)])
 def test_skinny_linear(rows: int, n: int, k: int) -> None:
-    from engine.builtin.kernels.skinny_gemm import skinny_linear
+    from trtllm_gateway.engine.builtin.kernels.skinny_gemm import skinny_linear
 
     dtype = torch.bfloat16  # the model uses it for bf16/fp16 only (fp32 keeps cuBLAS)
     w = (torch.randn(n, k, device=CUDA) * 0.02).to(dtype)

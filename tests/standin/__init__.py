@@ -14,7 +14,7 @@ STANDIN_DIR = Path(__file__).resolve().parent
 
 
 def standin_env(base: dict[str, str] | None = None, step_delay_s: float = 0.0) -> dict[str, str]:
-    """Environment for `python -m app serve --engine trtllm ...` over the stand-in."""
+    """Environment for `python -m trtllm_gateway serve --engine trtllm ...` over the stand-in."""
     env = dict(os.environ if base is None else base)
     parts = [str(STANDIN_DIR), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in parts if p)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from routers.chunk_template import TextChunk
-from routers.schemas import (
+from trtllm_gateway.routers.chunk_template import TextChunk
+from trtllm_gateway.routers.schemas import (
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
     CompletionChoice,

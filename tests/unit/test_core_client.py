@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from config.settings import Settings
-from engine.core import messages as m
-from engine.core.client import CoreClient
-from engine.core.inproc import ThreadLauncher
-from engine.protocol import (
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.core import messages as m
+from trtllm_gateway.engine.core.client import CoreClient
+from trtllm_gateway.engine.core.inproc import ThreadLauncher
+from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     DisaggParams,
     EngineDeadError,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from config.settings import Settings
-from engine.builtin.config import engine_settings
-from engine.builtin.engine import BuiltinEngine
-from engine.core.client import CoreClient
-from engine.core.process import ProcessLauncher
-from engine.factory import create_engine
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.config import engine_settings
+from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.core.client import CoreClient
+from trtllm_gateway.engine.core.process import ProcessLauncher
+from trtllm_gateway.engine.factory import create_engine
 
 
 def test_flag_picks_the_core_client() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import messages as m
-from engine.protocol import (
+from trtllm_gateway.engine.core import messages as m
+from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineDeadError,
     EngineHealth,

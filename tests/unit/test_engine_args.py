@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from config.check import main_check, main_show
-from config.engine_args import (
+from trtllm_gateway.config.check import main_check, main_show
+from trtllm_gateway.config.engine_args import (
     EngineArgsError,
     deep_merge,
     load_engine_args_file,
     parse_override,
     resolve_trtllm_args,
 )
-from config.settings import Settings
+from trtllm_gateway.config.settings import Settings
 
 
 @pytest.fixture(autouse=True)

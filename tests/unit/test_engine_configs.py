@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from config.check import check_file, main_check
-from config.trtllm_schema import validated_against
 from tests.standin import ensure_on_path
+from trtllm_gateway.config.check import check_file, main_check
+from trtllm_gateway.config.trtllm_schema import validated_against
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "engine_configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "trtllm_gateway" / "config" / "engine_configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
 
 

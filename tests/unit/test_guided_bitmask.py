@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.guided.matcher import apply_bitmask, bitmask_width
+from trtllm_gateway.engine.guided.matcher import apply_bitmask, bitmask_width
 
 VOCAB = 1000  # not a multiple of 32: the last word's high bits fall outside the vocabulary
 

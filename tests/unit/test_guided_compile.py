@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine.guided import check_guided, grammar_for
-from engine.guided import compile as guided_compile
-from engine.protocol import GuidedDecoding, InvalidRequestError
+from trtllm_gateway.engine.guided import check_guided, grammar_for
+from trtllm_gateway.engine.guided import compile as guided_compile
+from trtllm_gateway.engine.protocol import GuidedDecoding, InvalidRequestError
 
 SCHEMA = json.dumps(
     {

@@ -7,9 +7,9 @@ from dataclasses import asdict
 
 import pytest
 
-from app.errors import BadRequestError
-from engine.protocol import GuidedDecoding, SamplingParams
-from routers.disagg import _sampling
+from trtllm_gateway.app.errors import BadRequestError
+from trtllm_gateway.engine.protocol import GuidedDecoding, SamplingParams
+from trtllm_gateway.routers.disagg import _sampling
 
 
 def test_sampling_round_trips_through_json() -> None:

@@ -6,10 +6,10 @@ import asyncio
 
 import torch
 
-from engine.builtin.block_manager import BlockManager
-from engine.builtin.scheduler import Scheduler
-from engine.builtin.sequence import Sequence
-from engine.kv_events import (
+from trtllm_gateway.engine.builtin.block_manager import BlockManager
+from trtllm_gateway.engine.builtin.scheduler import Scheduler
+from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -18,7 +18,7 @@ from engine.kv_events import (
     event_json,
     signed64,
 )
-from engine.protocol import SamplingParams
+from trtllm_gateway.engine.protocol import SamplingParams
 
 BS = 4
 

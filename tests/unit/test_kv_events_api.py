@@ -10,12 +10,12 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from app.main import create_app
-from config.settings import Settings
-from engine.fake import FakeEngine
-from engine.kv_events import BlockRemoved, BlockStored, KvEventLog
-from engine.protocol import EngineInfo
 from tests.conftest import wait_ready
+from trtllm_gateway.app.main import create_app
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.kv_events import BlockRemoved, BlockStored, KvEventLog
+from trtllm_gateway.engine.protocol import EngineInfo
 
 
 class EventFakeEngine(FakeEngine):

@@ -6,15 +6,15 @@ import asyncio
 import json
 from pathlib import Path
 
-from config.settings import Settings
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventLog
-from engine.protocol import GenerateRequest, KvEventSource, SamplingParams
-from engine.trtllm.kv_events import TrtllmKvEvents
 from tests.standin import ensure_on_path
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventLog
+from trtllm_gateway.engine.protocol import GenerateRequest, KvEventSource, SamplingParams
+from trtllm_gateway.engine.trtllm.kv_events import TrtllmKvEvents
 
 ensure_on_path()
 
-from engine.trtllm.engine import TrtllmEngine  # noqa: E402
+from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
 
 BIG = 2**64 - 5  # an unsigned 64-bit hash above 2**63: -5 as signed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from multimodal.cache import MediaCache
+from trtllm_gateway.multimodal.cache import MediaCache
 
 
 def test_get_put_and_namespaces() -> None:

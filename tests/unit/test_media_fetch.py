@@ -11,9 +11,9 @@ import pytest
 from blake3 import blake3
 from PIL import Image
 
-from config.settings import Settings
-from multimodal import MediaCache, MediaError, MediaMetrics, load_chat_images
 from tests.unit.test_media_server import ImageServer, Route, png_bytes
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.multimodal import MediaCache, MediaError, MediaMetrics, load_chat_images
 
 PARAM = "messages[0].content[0].image_url"
 

@@ -11,9 +11,9 @@ import pytest
 from blake3 import blake3
 from PIL import Image
 
-from multimodal.errors import MediaRejectedError
-from multimodal.images import decode_image, hash_image_bytes, rgb_nbytes
 from tests.unit.test_media_server import png_bytes
+from trtllm_gateway.multimodal.errors import MediaRejectedError
+from trtllm_gateway.multimodal.images import decode_image, hash_image_bytes, rgb_nbytes
 
 
 def png_header(width: int, height: int) -> bytes:

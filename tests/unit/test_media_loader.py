@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from config.settings import Settings
-from multimodal import (
+from tests.unit.test_media_server import ImageServer, Route, png_bytes
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.multimodal import (
     IMAGE_NAMESPACE,
     MediaCache,
     MediaError,
@@ -19,7 +20,6 @@ from multimodal import (
     count_images,
     load_chat_images,
 )
-from tests.unit.test_media_server import ImageServer, Route, png_bytes
 
 
 @pytest.fixture

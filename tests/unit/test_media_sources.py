@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from config.settings import Settings
-from multimodal import MediaCache, MediaError, MediaRejectedError, load_chat_images
-from multimodal.dataurl import decode_data_url
-from multimodal.localfile import read_local_file, resolve_local_path
 from tests.unit.test_media_server import png_bytes
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.multimodal import MediaCache, MediaError, MediaRejectedError, load_chat_images
+from trtllm_gateway.multimodal.dataurl import decode_data_url
+from trtllm_gateway.multimodal.localfile import read_local_file, resolve_local_path
 
 
 @pytest.fixture

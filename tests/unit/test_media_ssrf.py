@@ -14,10 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from config.settings import Settings
-from multimodal import EgressPolicy, MediaCache, MediaError, load_chat_images
-from multimodal.ssrf import IPAddress, host_allowed, is_blocked_address, pinned_request
 from tests.unit.test_media_server import ImageServer, Route, png_bytes
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.multimodal import EgressPolicy, MediaCache, MediaError, load_chat_images
+from trtllm_gateway.multimodal.ssrf import (
+    IPAddress,
+    host_allowed,
+    is_blocked_address,
+    pinned_request,
+)
 
 LOOPBACK = IPv4Address("127.0.0.1")
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from config.flags_doc import README, render
+from trtllm_gateway.config.flags_doc import README, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flags_table_is_current() -> None:
     text = README.read_text()
-    assert render(text) == text, "run: python -m config.flags_doc --write"
+    assert render(text) == text, "run: python -m trtllm_gateway.config.flags_doc --write"
 
 
 def test_readme_names_the_two_commands_and_make_targets_exist() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from routers.reasoning import create_reasoning_parser, end_marker
-from routers.reply import ReplyFold
+from trtllm_gateway.routers.reasoning import create_reasoning_parser, end_marker
+from trtllm_gateway.routers.reply import ReplyFold
 
 Split = tuple[str, str]  # (reasoning, content)
 

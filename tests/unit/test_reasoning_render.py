@@ -3,10 +3,10 @@ JSON): the reply is detokenized with its special tokens, except the final stop t
 
 from __future__ import annotations
 
-from engine.protocol import TokenEvent
-from engine.tokenizer import Tokenizer
-from routers.render import ChoiceRenderer
-from routers.reply import ReplyPlan
+from trtllm_gateway.engine.protocol import TokenEvent
+from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.routers.render import ChoiceRenderer
+from trtllm_gateway.routers.reply import ReplyPlan
 
 
 def test_special_tokens_kept_but_not_the_stop_token(tokenizer: Tokenizer) -> None:

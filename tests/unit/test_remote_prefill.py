@@ -11,17 +11,17 @@ from typing import Any
 import httpx
 import pytest
 
-from config.settings import Settings
-from engine.fake import FakeEngine
-from engine.protocol import (
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.engine.protocol import (
     EngineInfo,
     GenerateRequest,
     RemotePrefillFailedError,
     SamplingParams,
 )
-from engine.remote_prefill import RemotePrefillEngine, SiblingMismatchError
-from engine.remote_prefill_stats import RemotePrefillStats
-from engine.siblings import SiblingPool
+from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine, SiblingMismatchError
+from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
+from trtllm_gateway.engine.siblings import SiblingPool
 
 INFO = EngineInfo(model_id="m", max_model_len=512, vocab_size=100, eos_token_ids=(), kv_layout="L1")
 PROMPT = tuple(range(1, 41))

@@ -6,9 +6,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from engine.protocol import TokenEvent, TokenLogprob, Usage
-from engine.tokenizer import Tokenizer
-from routers.render import ChoiceDelta, ChoiceRenderer, chat_logprobs, completion_logprobs
+from trtllm_gateway.engine.protocol import TokenEvent, TokenLogprob, Usage
+from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.routers.render import (
+    ChoiceDelta,
+    ChoiceRenderer,
+    chat_logprobs,
+    completion_logprobs,
+)
 
 
 def run(

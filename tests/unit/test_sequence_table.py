@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.builtin.sequence import Sequence
-from engine.protocol import GenerateRequest, SamplingParams
+from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 
 
 def test_table_array_follows_growth_and_replacement() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app import cli
-from config.settings import Settings
+from trtllm_gateway.app import cli
+from trtllm_gateway.config.settings import Settings
 
 
 def test_kebab_case_flags() -> None:

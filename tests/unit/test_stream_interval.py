@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.builtin.stream_interval import StreamInterval
-from engine.protocol import EngineDeadError, TokenEvent
+from trtllm_gateway.engine.builtin.stream_interval import StreamInterval
+from trtllm_gateway.engine.protocol import EngineDeadError, TokenEvent
 
 
 def tok(t: int, finish: str | None = None) -> TokenEvent:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from app.errors import BadRequestError
-from engine.protocol import GuidedDecoding
-from routers.schemas import ChatCompletionRequest, CompletionRequest
-from routers.structured import (
+from trtllm_gateway.app.errors import BadRequestError
+from trtllm_gateway.engine.protocol import GuidedDecoding
+from trtllm_gateway.routers.schemas import ChatCompletionRequest, CompletionRequest
+from trtllm_gateway.routers.structured import (
     build_constraint,
     check_constraint,
     check_tools,

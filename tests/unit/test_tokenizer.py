@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from engine.protocol import InvalidRequestError
-from engine.tokenizer import Tokenizer
+from trtllm_gateway.engine.protocol import InvalidRequestError
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello world, the quick brown fox.",

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from engine.tokenizer import Tokenizer
-from routers.chat_images import template_messages
-from routers.reply import ReplyPlan
-from routers.schemas import ChatMessage
-from routers.tool_parsers import resolve_tool_parser
 from tests.unit.test_tool_parsers import parse
+from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.routers.chat_images import template_messages
+from trtllm_gateway.routers.reply import ReplyPlan
+from trtllm_gateway.routers.schemas import ChatMessage
+from trtllm_gateway.routers.tool_parsers import resolve_tool_parser
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 TOOLS = [

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from config.settings import Settings
-from engine.protocol import (
+from tests.standin import ensure_on_path
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     DisaggParams,
     Engine,
@@ -27,11 +28,10 @@ from engine.protocol import (
     TokenEvent,
     TokenLogprob,
 )
-from tests.standin import ensure_on_path
 
 ensure_on_path()
 
-from engine.trtllm.engine import TrtllmEngine, TrtllmRequestError  # noqa: E402
+from trtllm_gateway.engine.trtllm.engine import TrtllmEngine, TrtllmRequestError  # noqa: E402
 
 VOCAB = 1000
 EOS = 2
@@ -334,7 +334,7 @@ def test_encode_mode_is_refused_at_start_up(
     model_dir: Path, flags: dict[str, Any], match: str
 ) -> None:
     """EPD is built-in only (docs/trtllm.md): the flags fail before anything loads."""
-    from engine.trtllm.loader import TrtllmUnsupportedError
+    from trtllm_gateway.engine.trtllm.loader import TrtllmUnsupportedError
 
     with pytest.raises(TrtllmUnsupportedError, match=match):
         TrtllmEngine(Settings(engine="trtllm", model=str(model_dir), **flags))

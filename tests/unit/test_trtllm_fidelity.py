@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from config.engine_args import resolve_trtllm_args
-from config.settings import Settings
-from engine.protocol import DisaggParams, GenerateRequest, InvalidRequestError
 from tests.standin import ensure_on_path
 from tests.unit.test_trtllm_engine import _collect, _engine, _ids, _req, model_dir
+from trtllm_gateway.config.engine_args import resolve_trtllm_args
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.protocol import DisaggParams, GenerateRequest, InvalidRequestError
 
 ensure_on_path()
 
-from engine.trtllm.engine import TrtllmEngine  # noqa: E402
-from engine.trtllm.stats import StatsPoller  # noqa: E402
+from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
+from trtllm_gateway.engine.trtllm.stats import StatsPoller  # noqa: E402
 
 __all__ = ["model_dir"]  # the fixture, re-used
 
@@ -339,7 +339,7 @@ async def test_stop_after_tensorrt_llm_died_under_an_open_stream(model_dir: Path
 def test_kv_events_need_the_pytorch_backend(tmp_path: Path) -> None:
     """Real: KV cache events come from the PyTorch backend's KV cache manager; AutoDeploy
     does not publish them (TorchLlmArgs vs AutoDeploy's LlmArgs)."""
-    from config.engine_args import EngineArgsError
+    from trtllm_gateway.config.engine_args import EngineArgsError
 
     settings = Settings(
         engine="trtllm", model=str(tmp_path), trtllm_backend="autodeploy", enable_kv_events=True
@@ -354,9 +354,11 @@ def test_serve_without_tensorrt_llm_prints_one_line(
 ) -> None:
     import sys
 
-    from app.cli import main
+    from trtllm_gateway.app.cli import main
 
-    monkeypatch.setattr("app.logs.configure_logging", lambda *_a, **_k: None)  # keep caplog's
+    monkeypatch.setattr(
+        "trtllm_gateway.app.logs.configure_logging", lambda *_a, **_k: None
+    )  # keep caplog's
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # import fails as if absent
     assert main(["serve", "--engine", "trtllm", "--model", "/nonexistent"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -399,9 +401,9 @@ def test_schema_matches_torch_llm_args_1_2(
     use_low_precision_moe_combine, custom_tokenizer, model_kwargs, env_overrides,
     nvfp4_gemm_config and Eagle3's eagle3_model_arch; fail_fast_on_attention_window_too_large
     is TrtLlmArgs' only (llm_args.py), so the PyTorch LLM rejects it at start-up."""
-    from config.check import check_file
-    from config.engine_args import EngineArgsError
-    from config.trtllm_schema import validated_against
+    from trtllm_gateway.config.check import check_file
+    from trtllm_gateway.config.engine_args import EngineArgsError
+    from trtllm_gateway.config.trtllm_schema import validated_against
 
     if not library:
         _hide_tensorrt_llm(monkeypatch)
@@ -421,7 +423,7 @@ async def test_start_up_validates_with_torch_llm_args(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The LLM is only built after the args pass TorchLlmArgs' own field types."""
-    from config.engine_args import EngineArgsError
+    from trtllm_gateway.config.engine_args import EngineArgsError
 
     with pytest.raises(EngineArgsError, match=r"max_batch_size.*integer"):
         TrtllmEngine(

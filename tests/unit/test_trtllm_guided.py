@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.protocol import GuidedDecoding, InvalidRequestError
 from tests.standin import ensure_on_path
 from tests.unit.test_trtllm_engine import _collect, _engine, _ids, _req, model_dir
+from trtllm_gateway.engine.protocol import GuidedDecoding, InvalidRequestError
 
 ensure_on_path()
 
-from engine.trtllm.engine import TrtllmEngine  # noqa: E402
+from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
 
 __all__ = ["model_dir"]  # the fixture, re-used
 

@@ -18,14 +18,14 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from app.main import create_app
-from config.settings import Settings
 from tests.conftest import wait_ready
 from tests.standin import ensure_on_path
+from trtllm_gateway.app.main import create_app
+from trtllm_gateway.config.settings import Settings
 
 ensure_on_path()
 
-from engine.trtllm.engine import TrtllmEngine  # noqa: E402
+from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
 
 MODEL = "tiny-trtllm"
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from engine.protocol import DisaggParams, InvalidRequestError
-from engine.trtllm import disagg
-from engine.trtllm.llm_args import prune_for_autodeploy
-from engine.trtllm.loader import TrtllmNotInstalledError, import_trtllm
-from engine.trtllm.outputs import LOGPROB_FLOOR, map_finish_reason, map_logprobs
+from trtllm_gateway.engine.protocol import DisaggParams, InvalidRequestError
+from trtllm_gateway.engine.trtllm import disagg
+from trtllm_gateway.engine.trtllm.llm_args import prune_for_autodeploy
+from trtllm_gateway.engine.trtllm.loader import TrtllmNotInstalledError, import_trtllm
+from trtllm_gateway.engine.trtllm.outputs import LOGPROB_FLOOR, map_finish_reason, map_logprobs
 
 
 @dataclass
@@ -107,8 +107,8 @@ def test_engine_module_imports_without_tensorrt_llm(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
     import importlib
 
-    module = importlib.import_module("engine.trtllm.engine")
-    from config.settings import Settings
+    module = importlib.import_module("trtllm_gateway.engine.trtllm.engine")
+    from trtllm_gateway.config.settings import Settings
 
     with pytest.raises(TrtllmNotInstalledError):
         module.TrtllmEngine(Settings(engine="trtllm", model="/m"))

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import Settings
-from engine.protocol import GenerateRequest, ImageInput, SamplingParams
-from engine.tokenizer import Tokenizer
 from tests.engine.tiny_llava import IMAGE_TOKEN, build_tiny_llava, sample_images
 from tests.standin import ensure_on_path
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, SamplingParams
+from trtllm_gateway.engine.tokenizer import Tokenizer
 
 ensure_on_path()
 
-from engine.trtllm.engine import TrtllmEngine  # noqa: E402
+from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
 
 
 @pytest.fixture(scope="module")

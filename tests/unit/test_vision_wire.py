@@ -11,12 +11,16 @@ import httpx
 import pytest
 import torch
 
-from engine.builtin.vision.placement import PlacedImage, expand_prompt, image_embeds_for
-from engine.embed_wire import EmbedWireError, decode_frames, encode_frame
-from engine.protocol import InvalidRequestError
-from engine.remote_encode import RemoteEncoder
-from engine.tokenizer import content_format
 from tests.engine.tiny_llava import CHAT_TEMPLATE
+from trtllm_gateway.engine.builtin.vision.placement import (
+    PlacedImage,
+    expand_prompt,
+    image_embeds_for,
+)
+from trtllm_gateway.engine.embed_wire import EmbedWireError, decode_frames, encode_frame
+from trtllm_gateway.engine.protocol import InvalidRequestError
+from trtllm_gateway.engine.remote_encode import RemoteEncoder
+from trtllm_gateway.engine.tokenizer import content_format
 
 IMG = 9
 

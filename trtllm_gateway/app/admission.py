@@ -1,0 +1,99 @@
+"""Admission control: a bounded count of engine requests in flight, reserved before any work.
+
+A generation route reserves one slot per engine request (n choices x prompts) before templating,
+media fetches or remote prefill, and releases it on every exit path. The limit is the engine's
+running batch (--max-batch-size) plus --max-queued-requests: "queued" means admitted by the
+gateway beyond what the engine can run at once, the same quantity as vLLM's and SGLang's waiting
+queue. Past the limit, or once draining, `reserve` raises a 503 (Retry-After) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from trtllm_gateway.app.errors import ServiceUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+class Slot:
+    """Reserved capacity; `release()` is idempotent so every exit path may call it."""
+
+    __slots__ = ("_admission", "_released", "weight")
+
+    def __init__(self, admission: Admission, weight: int) -> None:
+        self._admission = admission
+        self.weight = weight
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._admission._release(self.weight)
+
+
+class Admission:
+    """In-flight engine requests of one app. Event-loop only: reserve/release never await."""
+
+    def __init__(self, running: int, queued: int | None) -> None:
+        self._queued_limit = queued
+        self.capacity = None if queued is None else running + queued
+        self.running_limit = running
+        self.in_flight = 0
+        self.rejected = {"queue_full": 0, "draining": 0}
+        self.closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def set_running_limit(self, running: int) -> None:
+        """The engine's own batch size once it is known (engine args may override the flag)."""
+        self.running_limit = running
+        queued = self._queued_limit
+        self.capacity = None if queued is None else running + queued
+
+    @property
+    def queued(self) -> int:
+        """Admitted requests beyond what the engine runs at once."""
+        return max(0, self.in_flight - self.running_limit)
+
+    def reserve(self, weight: int = 1) -> Slot:
+        """A slot for `weight` engine requests, or ServiceUnavailableError (503 + Retry-After).
+
+        An idle gateway admits any request, so one larger than the limit is served alone.
+        """
+        if self.closed:
+            self.rejected["draining"] += 1
+            raise ServiceUnavailableError("The server is shutting down.", code="draining")
+        cap = self.capacity
+        if cap is not None and self.in_flight > 0 and self.in_flight + weight > cap:
+            self.rejected["queue_full"] += 1
+            raise ServiceUnavailableError(
+                f"The server is overloaded ({self.in_flight} requests in flight, limit {cap}); "
+                "retry shortly.",
+                code="queue_full",
+            )
+        self.in_flight += weight
+        self._idle.clear()
+        return Slot(self, weight)
+
+    def _release(self, weight: int) -> None:
+        self.in_flight -= weight
+        if self.in_flight <= 0:
+            self.in_flight = 0
+            self._idle.set()
+
+    def close(self) -> None:
+        """Refuse every new reservation (drain); safe to call from a signal handler."""
+        self.closed = True
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True once nothing is in flight, False if timeout_s passed first."""
+        if self.in_flight == 0:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True

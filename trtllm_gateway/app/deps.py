@@ -1,0 +1,70 @@
+"""FastAPI dependencies: Annotated aliases over the lifespan State (request.state.gateway)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from trtllm_gateway.app.admission import Admission
+from trtllm_gateway.app.errors import ServiceUnavailableError
+from trtllm_gateway.app.metrics import GatewayMetrics
+from trtllm_gateway.app.state import State
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.protocol import Engine, EngineInfo
+from trtllm_gateway.engine.tokenizer import Tokenizer
+
+_NOT_READY = {
+    "loading": "The model is still loading; retry shortly.",
+    "draining": "The server is shutting down.",
+    "dead": "The engine has failed and serves no requests.",
+}
+
+
+def get_state(request: Request) -> State:
+    state: State = request.state.gateway
+    return state
+
+
+StateDep = Annotated[State, Depends(get_state)]
+
+
+def get_settings(state: StateDep) -> Settings:
+    return state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """A ready engine and everything a generation route needs, typed without Optionals."""
+
+    engine: Engine
+    info: EngineInfo
+    tokenizer: Tokenizer
+    metrics: GatewayMetrics
+    settings: Settings
+    model_name: str
+    admission: Admission
+
+
+def get_serving(state: StateDep) -> Serving:
+    """Raises 503 (OpenAI error body) unless the engine is ready to take requests."""
+    health = state.health()
+    if health.state != "ready" or state.tokenizer is None:
+        message = _NOT_READY.get(health.state, _NOT_READY["loading"])
+        raise ServiceUnavailableError(message, code=f"engine_{health.state}")
+    return Serving(
+        engine=state.engine,
+        info=state.engine.info,
+        tokenizer=state.tokenizer,
+        metrics=state.metrics,
+        settings=state.settings,
+        model_name=state.model_name,
+        admission=state.admission,
+    )
+
+
+ServingDep = Annotated[Serving, Depends(get_serving)]

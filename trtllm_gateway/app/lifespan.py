@@ -1,0 +1,104 @@
+"""The lifespan: build the engine and the shared httpx client, load in the background, stop.
+
+The engine loads in a background task so uvicorn serves /health (503 "loading") at once; the
+tokenizer is loaded after the engine has resolved its model directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+
+from trtllm_gateway.app.drain import Drain
+from trtllm_gateway.app.metrics import GatewayMetrics
+from trtllm_gateway.app.state import State
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.factory import create_engine
+from trtllm_gateway.engine.kv_events_zmq import ZmqKvPublisher
+from trtllm_gateway.engine.protocol import Engine, KvEventSource
+from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine
+from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
+from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.multimodal import MediaCache
+
+logger = logging.getLogger(__name__)
+
+
+def tokenizer_dir(settings: Settings, engine: Engine) -> Path:
+    """--tokenizer, else the directory the engine resolved, else --model when it is a directory."""
+    if settings.tokenizer:
+        return Path(settings.tokenizer)
+    resolved = getattr(engine, "tokenizer_dir", None)
+    if resolved is not None:
+        return Path(resolved)
+    if Path(settings.model).is_dir():
+        return Path(settings.model)
+    raise RuntimeError(f"no tokenizer directory for model {settings.model!r}; pass --tokenizer")
+
+
+async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
+    try:
+        await state.engine.start()
+        address = state.settings.kv_events_zmq
+        if address and isinstance(state.engine, KvEventSource):
+            publishers.append(ZmqKvPublisher(state.engine.kv_event_log, address))
+            logger.info("KV events on ZMQ %s", publishers[-1].address)
+        batch = state.engine.info.max_batch_size
+        if batch and batch != state.admission.running_limit:
+            logger.info("admission sized for the engine's max_batch_size %d", batch)
+            state.admission.set_running_limit(batch)
+        path = tokenizer_dir(state.settings, state.engine)
+        state.tokenizer = await asyncio.to_thread(
+            Tokenizer.from_dir, path, state.settings.chat_template
+        )
+        state.metrics.bind_engine(state.engine.health, state.model_name)
+        if isinstance(state.engine, RemotePrefillEngine) and state.engine.followers:
+            state.metrics.bind_kv_routing(state.engine.pool.kv_stats)
+        stats = getattr(state.engine, "remote_prefill_stats", None)
+        if isinstance(stats, RemotePrefillStats):
+            state.metrics.bind_remote_prefill(stats)
+        encode_outcomes = getattr(state.engine, "remote_encode_outcomes", None)
+        if encode_outcomes is not None:
+            state.metrics.bind_remote_encode(encode_outcomes)
+        logger.info("ready: model %s (tokenizer from %s)", state.model_name, path)
+    except Exception as exc:
+        logger.exception("engine failed to start")
+        state.start_error = f"{type(exc).__name__}: {exc}"
+
+
+def create_lifespan(
+    settings: Settings, engine: Engine | None, metrics: GatewayMetrics, drain: Drain
+) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, State]]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, State]]:
+        eng = engine if engine is not None else create_engine(settings)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
+            state = State(
+                settings=settings,
+                engine=eng,
+                metrics=metrics,
+                http=http,
+                media_cache=MediaCache(settings.media_cache_bytes),
+            )
+            drain.bind(state)
+            publishers: list[ZmqKvPublisher] = []  # --kv-events-zmq
+            loading = asyncio.create_task(_load(state, publishers), name="engine-load")
+            try:
+                yield {"gateway": state}
+            finally:
+                drain.begin()
+                loading.cancel()
+                await asyncio.gather(loading, return_exceptions=True)
+                await state.stop_engine()
+                for publisher in publishers:
+                    publisher.close()
+                logger.info("engine stopped")
+
+    return lifespan

@@ -1,0 +1,63 @@
+"""create_app(settings, engine=None): routers, middleware, error handlers, /metrics, the lifespan.
+
+Middleware, outermost first: request context (X-Request-Id, the per-request log line), CORS (only
+with --allowed-origins), HTTP metrics, API keys (only with --api-key), caller-auth forwarding.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from prometheus_fastapi_instrumentator import Instrumentator
+from starlette.middleware.cors import CORSMiddleware
+
+from trtllm_gateway.app.admission import Admission
+from trtllm_gateway.app.auth import ApiKeyMiddleware, load_api_keys
+from trtllm_gateway.app.drain import Drain
+from trtllm_gateway.app.errors import install_error_handlers
+from trtllm_gateway.app.forwarding import ForwardCallerAuth
+from trtllm_gateway.app.lifespan import create_lifespan
+from trtllm_gateway.app.metrics import GatewayMetrics
+from trtllm_gateway.app.request_context import HEADER, RequestContextMiddleware
+from trtllm_gateway.app.version import VERSION
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.protocol import Engine
+from trtllm_gateway.routers import chat, completions, disagg, encode, health, kv_events, models
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    """The ASGI app. Without `engine`, the lifespan builds one from settings (create_engine).
+
+    `app.state.drain` is the app's Drain; the server (app/server.py) runs it on SIGTERM.
+    """
+    admission = Admission(settings.max_batch_size, settings.max_queued_requests)
+    metrics = GatewayMetrics(CollectorRegistry(), admission)
+    drain = Drain(admission, settings.shutdown_timeout)
+    app = FastAPI(
+        title="trtllm-gateway",
+        version=VERSION,
+        lifespan=create_lifespan(settings, engine, metrics, drain),
+    )
+    app.state.drain = drain
+    install_error_handlers(app, on_disconnect=metrics.client_disconnected)
+    for module in (chat, completions, models, health, disagg, encode, kv_events):
+        app.include_router(module.router)
+    # add_middleware wraps: the last added runs first.
+    app.add_middleware(ForwardCallerAuth)
+    keys = load_api_keys(settings)
+    if keys:
+        app.add_middleware(ApiKeyMiddleware, keys=keys, public_paths=settings.public_paths)
+    Instrumentator(
+        registry=metrics.registry, excluded_handlers=["/metrics"], should_group_status_codes=False
+    ).instrument(app).expose(app, endpoint="/metrics", include_in_schema=False)
+    if settings.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.allowed_origins,
+            allow_methods=settings.allowed_methods,
+            allow_headers=settings.allowed_headers,
+            allow_credentials=settings.allow_credentials,
+            expose_headers=[HEADER],
+        )
+    app.add_middleware(RequestContextMiddleware, quiet_paths=("/health", "/metrics"))
+    return app

@@ -1,0 +1,63 @@
+"""State: everything that lives for the process, created by the lifespan and read through deps."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import httpx
+
+from trtllm_gateway.app.admission import Admission
+from trtllm_gateway.app.metrics import GatewayMetrics
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.protocol import Engine, EngineHealth
+from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.multimodal import MediaCache
+
+
+@dataclass
+class State:
+    settings: Settings
+    engine: Engine
+    metrics: GatewayMetrics
+    http: httpx.AsyncClient
+    tokenizer: Tokenizer | None = None
+    start_error: str | None = None
+    draining: bool = False
+    # Decoded images by content hash (multimodal/); its counters are metrics.media.
+    media_cache: MediaCache = field(default_factory=lambda: MediaCache(0))
+    _model_name: str | None = field(default=None, repr=False)
+    _stopping: asyncio.Future[None] | None = field(default=None, repr=False)
+
+    @property
+    def admission(self) -> Admission:
+        return self.metrics.admission
+
+    async def stop_engine(self) -> None:
+        """Stop the engine once (drain and lifespan both call this); aborts what is in flight."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self.engine.stop())
+        await asyncio.shield(self._stopping)
+
+    @property
+    def model_name(self) -> str:
+        """The served name: --served-model-name, else the engine's model id once it is known."""
+        if self.settings.served_model_name:
+            return self.settings.served_model_name
+        if self._model_name is None:
+            info = getattr(self.engine, "info", None)
+            if info is None:
+                return self.settings.model
+            self._model_name = info.model_id
+        return self._model_name
+
+    def health(self) -> EngineHealth:
+        """Engine health folded with the gateway's own: not ready until the tokenizer is loaded."""
+        if self.start_error is not None:
+            return EngineHealth(state="dead", detail=self.start_error)
+        health = self.engine.health()
+        if self.draining and health.state == "ready":
+            return EngineHealth(state="draining", running=health.running, waiting=health.waiting)
+        if health.state == "ready" and self.tokenizer is None:
+            return EngineHealth(state="loading", detail="loading the tokenizer")
+        return health

@@ -1,0 +1,226 @@
+"""Engine-argument layering: built-in defaults < CLI flags < --extra-engine-args < --override.
+
+Each layer is a plain dict; later layers win and nested dicts merge key by key at every depth,
+so a YAML `kv_cache_config: {dtype: fp8}` keeps the flags' `free_gpu_memory_fraction`. (trtllm-
+serve's own --extra_llm_api_options merge is shallow: `llm_args | llm_args_dict` in
+tensorrt_llm/llmapi/llm_args.py, update_llm_args_with_extra_dict, so a YAML section replaces
+the flags' section whole, e.g. a YAML scheduler_config drops every scheduler key it does not
+name; later versions deep-merge kv_cache_config only.)
+Every failure is an `EngineArgsError` whose one-line message names the source (file or flag),
+the key path and the reason; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trtllm_gateway.config.settings import DEFAULT_MODEL, Settings
+from trtllm_gateway.config.trtllm_schema import trtllm_args_errors
+
+Layer = tuple[str, dict[str, Any]]  # (source name for error messages, args)
+
+OVERRIDE_SOURCE = "--override-engine-args"
+
+
+class EngineArgsError(ValueError):
+    """Engine arguments that cannot be used; str() is one line naming source, key and reason."""
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Return base updated by override; dicts on both sides merge recursively, the rest replaces.
+
+    An explicit `None` in override replaces (that is how a YAML disables `cuda_graph_config`).
+    """
+    merged = dict(base)
+    for key, value in override.items():
+        old = merged.get(key)
+        if isinstance(old, Mapping) and isinstance(value, Mapping):
+            merged[key] = deep_merge(old, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_engine_args_file(path: Path) -> dict[str, Any]:
+    """Read an engine-args YAML (a mapping at top level); EngineArgsError on any problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EngineArgsError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise EngineArgsError(f"{path}: invalid YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise EngineArgsError(f"{path}: expected a mapping of LLM args, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """Parse the --override-engine-args JSON object; EngineArgsError on any problem."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EngineArgsError(
+            f"{OVERRIDE_SOURCE}: invalid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
+    if not isinstance(data, dict):
+        raise EngineArgsError(
+            f"{OVERRIDE_SOURCE}: expected a JSON object, got {type(data).__name__}"
+        )
+    return data
+
+
+def trtllm_default_args(settings: Settings) -> dict[str, Any]:
+    """The built-in layer: what the gateway always wants from TensorRT-LLM unless told otherwise."""
+    args: dict[str, Any] = {
+        # No dynamic_batch_config: only the TensorRT backend uses it (the PyTorch one ignores it).
+        "scheduler_config": {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"},
+        # get_stats_async yields nothing without it; /metrics needs the gauges.
+        "enable_iter_perf_stats": True,
+    }
+    if settings.mode in ("prefill", "decode"):
+        args["cache_transceiver_config"] = {
+            "backend": settings.cache_transceiver_backend,
+            # Without it a context request whose KV no decode fetches holds its blocks forever.
+            "kv_transfer_timeout_ms": int(settings.kv_handoff_timeout * 1000),
+        }
+    return args
+
+
+def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
+    """The flags layer: Settings fields mapped onto TensorRT-LLM LLM arg names."""
+    kv_cache: dict[str, Any] = {
+        "free_gpu_memory_fraction": settings.kv_cache_fraction,
+        "enable_block_reuse": settings.enable_prefix_caching,
+    }
+    if "block_size" in settings.model_fields_set:
+        kv_cache["tokens_per_block"] = settings.block_size
+    if settings.num_kv_blocks is not None:
+        kv_cache["max_tokens"] = settings.num_kv_blocks * settings.block_size
+    if settings.enable_kv_events:
+        kv_cache["event_buffer_max_size"] = 1024
+        kv_cache["enable_block_reuse"] = True  # KV events need block reuse
+    if settings.enable_kv_events and settings.trtllm_backend != "pytorch":
+        raise EngineArgsError(
+            "--enable-kv-events: KV cache events need --trtllm-backend pytorch "
+            f"(the {settings.trtllm_backend} backend publishes none)"
+        )
+    args: dict[str, Any] = {
+        "backend": settings.trtllm_backend,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "pipeline_parallel_size": settings.pipeline_parallel_size,
+        "enable_attention_dp": settings.enable_attention_dp,
+        "max_batch_size": settings.max_batch_size,
+        "max_beam_width": settings.max_beam_width,
+        "trust_remote_code": settings.trust_remote_code,
+        "dtype": settings.dtype,
+        "load_format": settings.load_format,
+        "kv_cache_config": kv_cache,
+        "disable_overlap_scheduler": settings.disable_overlap_scheduler,
+    }
+    # The built-in engine's own defaults (2048, no chunking) would cap TensorRT-LLM's prompts
+    # at 2048 tokens; TensorRT-LLM's default max_num_tokens is 8192. Send them only if given.
+    for name in ("max_num_tokens", "enable_chunked_prefill"):
+        if name in settings.model_fields_set:
+            args[name] = getattr(settings, name)
+    if "stream_interval" in settings.model_fields_set:
+        args["stream_interval"] = settings.stream_interval
+    if settings.model != DEFAULT_MODEL:
+        args["model"] = settings.model
+    if settings.tokenizer is not None:
+        args["tokenizer"] = settings.tokenizer
+    if settings.moe_expert_parallel_size is not None:
+        args["moe_expert_parallel_size"] = settings.moe_expert_parallel_size
+    if settings.max_model_len is not None:
+        args["max_seq_len"] = settings.max_model_len
+    if not settings.cuda_graphs:
+        args["cuda_graph_config"] = None
+    elif settings.cuda_graph_batch_sizes:
+        sizes = sorted(set(settings.cuda_graph_batch_sizes))
+        args["cuda_graph_config"] = {"batch_sizes": sizes, "max_batch_size": sizes[-1]}
+    if settings.guided_decoding_backend is not None:
+        args["guided_decoding_backend"] = settings.guided_decoding_backend
+    return args
+
+
+def trtllm_layers(settings: Settings) -> list[Layer]:
+    """All layers for --engine trtllm, lowest precedence first (files and JSON read here)."""
+    layers: list[Layer] = [
+        ("built-in defaults", trtllm_default_args(settings)),
+        ("command-line flags", trtllm_cli_args(settings)),
+    ]
+    if settings.extra_engine_args is not None:
+        path = settings.extra_engine_args
+        layers.append((str(path), load_engine_args_file(path)))
+    if settings.override_engine_args is not None:
+        layers.append((OVERRIDE_SOURCE, parse_override(settings.override_engine_args)))
+    return layers
+
+
+def merge_and_validate(layers: list[Layer]) -> dict[str, Any]:
+    """Deep-merge the layers, validate (config.trtllm_schema: TorchLlmArgs itself when
+    tensorrt_llm imports, else the 1.2 schema), return the dict.
+
+    Raises EngineArgsError naming the layer that set the first bad key (or the last layer that
+    touched its parent, for a missing field).
+    """
+    merged: dict[str, Any] = {}
+    for _, args in layers:
+        merged = deep_merge(merged, args)
+    errors = trtllm_args_errors(merged)
+    if errors:
+        raise EngineArgsError(describe_errors(errors, layers))
+    return merged
+
+
+def resolve_trtllm_args(settings: Settings) -> dict[str, Any]:
+    """The final LLM args for these settings; the one entry point serve and `config show` use."""
+    return merge_and_validate(trtllm_layers(settings))
+
+
+def describe_errors(errors: list[dict[str, Any]], layers: list[Layer]) -> str:
+    """One line per bad key: `<source>: <key.path>: <reason>`, joined with '; '."""
+    parts = []
+    for err in errors:
+        loc = [str(p) for p in err["loc"] if not _is_union_tag(p)]
+        key = ".".join(loc) or "<root>"
+        reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"{source_of(loc, layers)}: {key}: {reason}")
+    return "; ".join(parts)
+
+
+def source_of(loc: list[str], layers: list[Layer]) -> str:
+    """The last layer that sets the deepest existing prefix of loc."""
+    for depth in range(len(loc), 0, -1):
+        for name, args in reversed(layers):
+            if _has_path(args, loc[:depth]):
+                return name
+    return layers[-1][0] if layers else "engine args"
+
+
+def _has_path(args: Mapping[str, Any], path: list[str]) -> bool:
+    node: Any = args
+    for part in path:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
+
+
+def _is_union_tag(part: int | str) -> bool:
+    # Discriminated unions add the tag ("MTP", "Eagle", ...) to the location; hide it.
+    return isinstance(part, str) and part[:1].isupper()

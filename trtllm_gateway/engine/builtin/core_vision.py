@@ -1,0 +1,95 @@
+"""VisionWorker: the engine core's image encodes, off its step loop.
+
+The ImageEmbedder (its cache, an encode sibling over HTTP, the local encoder) is async; in the
+core process it runs on an event loop of its own thread. A finished encode is queued and a byte
+written to a pipe whose read end the core loop polls, so the step loop never waits for an
+encode and wakes as soon as one is ready. Pixels arrive as embed_wire "pixels" frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import threading
+from concurrent.futures import Future
+
+from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
+from trtllm_gateway.engine.builtin.vision.placement import PlacedImage
+from trtllm_gateway.engine.embed_wire import decode_frames, encode_frame
+from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
+
+Prepared = tuple[GenerateRequest, tuple[PlacedImage, ...]]
+
+
+def pixel_frames(images: tuple[ImageInput, ...]) -> bytes:
+    """The gateway side: decoded RGB images as one body of "pixels" frames."""
+    out = []
+    for img in images:
+        pil = img.payload
+        w, h = pil.size  # type: ignore[attr-defined]
+        raw = pil.tobytes()  # type: ignore[attr-defined]
+        out.append(encode_frame("pixels", img.hash, "uint8", (h, w, 3), raw))
+    return b"".join(out)
+
+
+def images_from_frames(body: bytes, hashes: tuple[str, ...]) -> tuple[ImageInput, ...]:
+    """The core side: the body back into images, in the order (and with the hashes) announced."""
+    from PIL import Image
+
+    images = []
+    try:
+        for frame in decode_frames(body, "pixels"):
+            h, w, _ = frame.header.shape
+            pil = Image.frombytes("RGB", (w, h), bytes(frame.data))
+            images.append(ImageInput(hash=frame.header.image_hash, payload=pil))
+    except ValueError as e:
+        raise InvalidRequestError(f"bad image frames: {e}") from None
+    if tuple(img.hash for img in images) != hashes:
+        raise InvalidRequestError("image frames do not match the request's images")
+    return tuple(images)
+
+
+class VisionWorker:
+    def __init__(self, embedder: ImageEmbedder, max_model_len: int) -> None:
+        self.embedder = embedder
+        self.max_model_len = max_model_len
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="vision", daemon=True)
+        self._thread.start()
+        self._done: queue.SimpleQueue[tuple[str, Prepared | BaseException]] = queue.SimpleQueue()
+        self.wake_fd, self._wake_w = os.pipe()
+        os.set_blocking(self.wake_fd, False)
+
+    def submit(self, request_id: str, req: GenerateRequest) -> None:
+        coro = self.embedder.prepare(req, self.max_model_len)
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+        def done(f: Future[Prepared]) -> None:
+            exc = f.exception()
+            self._done.put((request_id, exc if exc is not None else f.result()))
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"\0")
+
+        fut.add_done_callback(done)
+
+    def ready(self) -> list[tuple[str, Prepared | BaseException]]:
+        """Encodes finished since the last call (any order); clears the wake-up."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_fd, 4096):
+                pass
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.embedder.aclose(), self.loop).result(5.0)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5.0)
+        os.close(self.wake_fd)
+        os.close(self._wake_w)

@@ -1,0 +1,98 @@
+"""KernelOps: the fused CUDA operations LlamaModel uses when LlamaModel.ops is set.
+
+RMSNorm (with the residual add folded in), SiLU-mul, RoPE + KV store, paged attention that runs
+the split-KV decode kernel on the leading decode rows and the packed prefill kernel on the rest
+(both read the cache in place), and for steps of at most 16 tokens the skinny GEMM that adds
+o_proj and down_proj into the residual stream in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trtllm_gateway.engine.builtin.attention import AttentionMetadata
+from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
+from trtllm_gateway.engine.builtin.kernels.fused_ops import rms_norm, silu_mul
+from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_attention
+from trtllm_gateway.engine.builtin.kernels.rope_store import rope_and_store
+from trtllm_gateway.engine.builtin.kernels.skinny_gemm import MAX_ROWS, skinny_linear
+
+
+class KernelOps:
+    def __init__(self, page: int, skinny: bool = True) -> None:
+        self.page = page
+        self.skinny = skinny  # skinny GEMMs for steps of <= MAX_ROWS tokens
+
+    def use_skinny(self, x: torch.Tensor) -> bool:
+        """bf16/fp16 steps of at most MAX_ROWS tokens (fp32 keeps cuBLAS: tl.dot would be tf32)."""
+        return self.skinny and 0 < x.shape[0] <= MAX_ROWS and x.dtype != torch.float32
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return skinny_linear(x, weight, residual)
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return rms_norm(x, weight, eps, residual)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu_mul(gate_up)
+
+    def rope_and_store(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        slots: torch.Tensor,
+        shape: tuple[int, int, int],
+    ) -> torch.Tensor:
+        nq, nkv, hd = shape
+        return rope_and_store(qkv, positions, cos, sin, kv[0], kv[1], slots, nq, nkv, hd)
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """q: [T, Hq, D] (rotated; its K/V already stored). Returns [T, Hq, D] contiguous."""
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        nd = meta.num_decodes
+        if nd:
+            assert meta.decode_block_tables is not None and meta.decode_ctx_lens is not None
+            decode_attention(
+                q[:nd],
+                kv[0],
+                kv[1],
+                meta.decode_block_tables,
+                meta.decode_ctx_lens,
+                scale,
+                self.page,
+                meta.decode_splits,
+                out=out[:nd],
+            )
+        pf = meta.prefill
+        if pf is not None:
+            prefill_attention(
+                q,
+                kv[0],
+                kv[1],
+                out,
+                pf.block_tables,
+                pf.ctx_lens,
+                pf.q_starts,
+                pf.q_lens,
+                pf.tiles,
+                scale,
+                self.page,
+            )
+        return out

@@ -1,0 +1,55 @@
+"""Copy a sequence's KV between the paged cache and the kv_wire format (engine thread only)."""
+
+from __future__ import annotations
+
+import torch
+
+from trtllm_gateway.engine import kv_wire
+
+_DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16)}
+
+
+def slots_for(
+    block_table: list[int], num_tokens: int, block_size: int, device: torch.device
+) -> torch.Tensor:
+    bt = torch.tensor(block_table, dtype=torch.long, device=device)
+    offsets = torch.arange(block_size, device=device)
+    return (bt.unsqueeze(1) * block_size + offsets).flatten()[:num_tokens]
+
+
+def export_kv(
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    slots: torch.Tensor,
+    kv_layout: str,
+    block_size: int,
+) -> bytes:
+    """Gather [layers, 2, tokens, kv_heads, head_dim] for the slots into one wire blob."""
+    t = torch.stack([torch.stack([k[slots], v[slots]]) for k, v in kv_caches]).cpu().contiguous()
+    data = t.view(torch.uint8).numpy().tobytes()
+    header = {
+        "kv_layout": kv_layout,
+        "dtype": str(t.dtype),
+        "shape": tuple(t.shape),
+        "block_size": block_size,
+        "num_tokens": int(slots.numel()),
+    }
+    return kv_wire.encode(header, data)
+
+
+def decode_kv(blob: bytes, kv_layout: str) -> tuple[int, torch.Tensor]:
+    """Check a wire blob against our layout; returns (num_tokens, tensor on CPU)."""
+    header, data = kv_wire.decode(blob, expected_layout=kv_layout)
+    dtype = _DTYPES.get(header.dtype)
+    if dtype is None:
+        raise kv_wire.KvWireError(f"unsupported KV dtype {header.dtype}")
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return header.num_tokens, raw.view(dtype).view(header.shape)
+
+
+def import_kv(
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]], slots: torch.Tensor, kv: torch.Tensor
+) -> None:
+    kv = kv.to(slots.device)
+    for layer, (k, v) in enumerate(kv_caches):
+        k.index_copy_(0, slots, kv[layer, 0])
+        v.index_copy_(0, slots, kv[layer, 1])

@@ -1,0 +1,136 @@
+"""Load the built-in engine's pieces from Settings: model, KV cache, block manager, runner."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.block_manager import BlockManager
+from trtllm_gateway.engine.builtin.model import LlamaModel
+from trtllm_gateway.engine.builtin.model_config import ModelConfig
+from trtllm_gateway.engine.builtin.quant import quantize_int8
+from trtllm_gateway.engine.builtin.runner import ModelRunner
+from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder, load_encoder
+from trtllm_gateway.engine.builtin.vision.spec import is_vision_checkpoint, language_config
+from trtllm_gateway.engine.builtin.weights import build_model
+from trtllm_gateway.engine.model_source import resolve_model
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_BUDGET_BYTES = 1 << 30  # --kv-cache-fraction applies to this on CPU
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    cfg: ModelConfig
+    model: LlamaModel
+    model_dir: Path | None
+    device: torch.device
+    dtype: torch.dtype
+    blocks: BlockManager
+    runner: ModelRunner
+    max_model_len: int
+    kv_layout: str
+    vision: VisionEncoder | None = None  # LLaVA checkpoints: tower + projector
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA; on CPU bf16 where the CPU has native bf16 dot products (AVX512-BF16
+    or AMX), which ran faster than fp32 at batch 1, 8 and 32 (docs/benchmarks.md), else fp32."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def load(settings: Settings) -> LoadedModel:
+    device = pick_device(settings.device)
+    dtype = pick_dtype(settings.dtype, device)
+    if settings.load_format == "dummy":
+        model_dir = None
+        cfg = ModelConfig.from_dict(json.loads(Path(settings.model).read_text()))
+        if settings.tokenizer:
+            model_dir = Path(settings.tokenizer)
+    else:
+        model_dir = resolve_model(settings.model, settings.cache_dir)
+        cfg = language_config(model_dir).with_generation_eos(model_dir)
+    max_len = min(
+        settings.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+    )
+    model = build_model(
+        cfg,
+        model_dir,
+        dtype,
+        device,
+        max_len,
+        dummy=settings.load_format == "dummy",
+        seed=settings.seed,
+    )
+    if settings.quantization == "int8":
+        if device.type != "cpu":
+            raise ValueError("--quantization int8 is for the CPU path; CUDA runs bf16")
+        logger.info("int8 weight copies for %d linear layers", quantize_int8(model))
+    num_blocks = _num_blocks(settings, cfg, dtype, device)
+    bs = settings.block_size
+    max_len = min(max_len, num_blocks * bs)
+    slots = num_blocks * bs
+    shape = (cfg.num_layers, 2, slots, cfg.num_kv_heads, cfg.head_dim)
+    kv = torch.zeros(shape, dtype=dtype, device=device)
+    kv_caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
+    logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs, kv.nbytes / 2**30)
+    blocks = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
+    runner = ModelRunner(
+        model,
+        kv_caches,
+        bs,
+        device,
+        max_model_len=max_len,
+        max_batch_size=settings.max_batch_size,
+        cuda_graphs=settings.cuda_graphs,
+    )
+    layout = f"{cfg.model_type}:{cfg.num_layers}x{cfg.num_kv_heads}x{cfg.head_dim}:{dtype}:bs{bs}"
+    vision = None
+    if model_dir is not None and is_vision_checkpoint(model_dir):
+        vision = load_encoder(model_dir, dtype, device)
+    return LoadedModel(
+        cfg, model, model_dir, device, dtype, blocks, runner, max_len, layout, vision
+    )
+
+
+def _num_blocks(
+    settings: Settings, cfg: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> int:
+    if settings.num_kv_blocks:
+        return settings.num_kv_blocks
+    block_bytes = cfg.kv_elems_per_token * settings.block_size * dtype.itemsize
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        # Keep room for activations, decode-graph logits and sampling beside the cache.
+        rows = min(settings.max_batch_size, 512) + settings.max_num_tokens // 8
+        reserve = (1 << 30) + 3 * rows * cfg.vocab_size * 4
+        reserve += settings.max_num_tokens * (3 * cfg.intermediate_size + 8 * cfg.hidden_size) * 4
+        budget = int(min(free * settings.kv_cache_fraction, free - reserve))
+    else:
+        budget = int(CPU_KV_BUDGET_BYTES * settings.kv_cache_fraction)
+    return max(2, budget // block_bytes)

@@ -1,0 +1,89 @@
+"""OverlapPipeline: schedule and launch step N+1 while the GPU still runs step N (CUDA only).
+
+After step N is launched, each sampling sequence gets a placeholder token -(r + 1), r its row in
+step N's sampled ids, which stay on the GPU. The scheduler only counts tokens, so step N+1 is
+scheduled and launched at once; the runner swaps the placeholders for the real ids on the device.
+Only then does the host wait for step N's ids (already copied by then) and run the stop checks
+and events. A sequence that stopped at step N has one wasted token computed in step N+1, whose
+result is dropped. Steps that sample with penalties (which read the token history) or with a
+grammar constraint (whose mask needs the previous token) resolve the step in flight first.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trtllm_gateway.engine.builtin.sampler import PendingSample, row_failure
+from trtllm_gateway.engine.builtin.sequence import Sequence
+
+if TYPE_CHECKING:
+    from trtllm_gateway.engine.builtin.stepper import Emitted, Stepper
+
+
+@dataclass(slots=True)
+class _InFlight:
+    seqs: list[Sequence]
+    pending: PendingSample
+
+
+def _reads_history(seq: Sequence) -> bool:
+    """Penalties read the token history, and a constraint's mask needs its previous token."""
+    sp = seq.sampling
+    return bool(
+        sp.repetition_penalty != 1.0
+        or sp.presence_penalty
+        or sp.frequency_penalty
+        or seq.guided is not None
+    )
+
+
+class OverlapPipeline:
+    def __init__(self, stepper: Stepper) -> None:
+        self.st = stepper
+        self.inflight: _InFlight | None = None
+
+    def forget(self, seq: Sequence) -> None:
+        """An aborted sequence: drop its unresolved placeholder so its usage counts stay right."""
+        if seq.token_ids and seq.token_ids[-1] < 0:
+            seq.token_ids.pop()
+
+    def step(self) -> Emitted:
+        st = self.st
+        events: Emitted = []
+        if self.inflight is not None and any(_reads_history(s) for s in self.inflight.seqs):
+            events += self._drain()
+        chunks = st.scheduler.schedule()
+        if not chunks:
+            return events + self._drain()
+        prev = self.inflight.pending.token_ids if self.inflight is not None else None
+        out = st.runner.run(chunks, prev)
+        seqs = [c.seq for c in out.sample_chunks]
+        pending = st.sampler.sample_async(out.logits, seqs) if seqs else None
+        # The GPU now runs this step; finish the previous one on the host meanwhile.
+        events += self._drain()
+        st.scheduler.commit([c for c in chunks if not c.seq.is_finished])
+        for row, seq in enumerate(seqs):
+            if not seq.is_finished:
+                seq.token_ids.append(-(row + 1))
+        self.inflight = _InFlight(seqs, pending) if pending is not None else None
+        return events
+
+    def _drain(self) -> Emitted:
+        inflight, self.inflight = self.inflight, None
+        events: Emitted = []
+        if inflight is None:
+            return events
+        results = inflight.pending.resolve()
+        now = time.perf_counter()
+        for seq, r in zip(inflight.seqs, results, strict=True):
+            if seq.is_finished or not seq.token_ids or seq.token_ids[-1] >= 0:
+                continue  # stopped or aborted while this step ran
+            if r.error is not None:
+                self.forget(seq)
+                events += self.st.fail([seq], row_failure(seq, f"sampling failed: {r.error}"))
+                continue
+            seq.token_ids[-1] = r.token_id
+            self.st.accept(seq, r, now, events)
+        return events

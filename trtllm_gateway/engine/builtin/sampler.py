@@ -1,0 +1,283 @@
+"""Sampler: penalties, logit_bias, allowed ids, grammar masks, min_tokens, temperature/top-k/
+top-p/min-p, seeded draws, logprobs.
+
+A request whose adjustments fail (an id out of range, a constraint in error) is reported failed
+on its own row; the rest of the batch samples as if it were not there. Grammar masks
+(engine.guided) are built on the host for every constrained row and applied to the batch in one
+op; logprobs stay the model's raw ones, before any mask or bias.
+
+Logprobs are the model's raw log-softmax (vLLM's default raw_logprobs), taken before penalties
+and temperature. On CPU every row draws from its own torch.Generator. On CUDA one Triton kernel
+samples the whole batch (greedy or Gumbel-max) with Philox noise keyed by (request seed, output
+step), and the ids reach the host by one non-blocking copy. Either way a seeded request samples
+the same tokens whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.guided.compile import DEFAULT_PARAMS
+from trtllm_gateway.engine.guided.matcher import RowMatcher, apply_bitmask, fill_bitmask
+from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError, TokenLogprob
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_id: int
+    logprob: TokenLogprob | None
+    error: str | None = None  # this row failed (its token is meaningless)
+
+
+def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
+    sp = seq.sampling
+    if sp.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
+        vals = logits[seen]
+        logits[seen] = torch.where(
+            vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty
+        )
+    if (sp.presence_penalty or sp.frequency_penalty) and seq.output_len:
+        out = torch.tensor(seq.output_ids, dtype=torch.long, device=logits.device)
+        counts = torch.zeros_like(logits).index_add_(
+            0, out, torch.ones_like(out, dtype=logits.dtype)
+        )
+        logits -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(
+            logits.dtype
+        )
+
+
+def _check_ids(ids: list[int], vocab: int, what: str) -> None:
+    """Refuse ids outside the vocabulary before they index a tensor (on CUDA an out-of-range
+    index is a device assert that takes the whole process down, not an exception)."""
+    for t in ids:
+        if not 0 <= t < vocab:
+            raise ValueError(f"{what} id {t} is out of range [0, {vocab})")
+
+
+def row_failure(seq: Sequence, why: str) -> InvalidRequestError:
+    """One request's own failure in a step; a constraint in error names the param it came from."""
+    g, guided = seq.guided, seq.sampling.guided
+    if g is not None and g.error is not None and guided is not None:
+        return InvalidRequestError(why, param=DEFAULT_PARAMS[guided.kind])
+    return InvalidRequestError(why)
+
+
+def check_token_ids(req: GenerateRequest, vocab: int) -> None:
+    """Every id a request gives the engine is in [0, vocab): InvalidRequestError naming it."""
+    sp = req.sampling
+    given = [
+        ("prompt", req.prompt_token_ids),
+        ("stop_token_ids", sp.stop_token_ids),
+        ("logit_bias", tuple(t for t, _ in sp.logit_bias)),
+        ("allowed_token_ids", sp.allowed_token_ids or ()),
+    ]
+    for param, ids in given:
+        try:
+            _check_ids(list(ids), vocab, param)
+        except ValueError as e:
+            raise InvalidRequestError(str(e), param=param) from None
+    if sp.allowed_token_ids is not None and not sp.allowed_token_ids:
+        raise InvalidRequestError("allowed_token_ids is empty", param="allowed_token_ids")
+    # A top-k wider than the vocabulary fails torch.topk inside the step (prompt logprobs are
+    # computed in the forward pass, where a failure is the whole step's).
+    for param, k in (("logprobs", sp.logprobs), ("prompt_logprobs", sp.prompt_logprobs)):
+        if k is not None and not 0 <= k <= vocab:
+            raise InvalidRequestError(f"{param} must be in [0, {vocab}], got {k}", param=param)
+
+
+def _adjust_row(row: torch.Tensor, seq: Sequence, eos: tuple[int, ...]) -> None:
+    """Penalties, logit_bias, allowed_token_ids and the min_tokens ban, in place on one row."""
+    sp = seq.sampling
+    vocab = row.shape[0]
+    _apply_penalties(row, seq)
+    if sp.logit_bias:
+        ids = [t for t, _ in sp.logit_bias]
+        _check_ids(ids, vocab, "logit_bias")
+        bias = torch.tensor([b for _, b in sp.logit_bias], dtype=row.dtype)
+        row.index_add_(0, torch.tensor(ids, device=row.device), bias.to(row.device))
+    if sp.allowed_token_ids is not None:
+        allowed = list(sp.allowed_token_ids)
+        _check_ids(allowed, vocab, "allowed_token_ids")
+        keep = row[allowed].clone()
+        row.fill_(float("-inf"))
+        row[allowed] = keep
+    if seq.output_len < sp.min_tokens:
+        _check_ids(list(sp.stop_token_ids), vocab, "stop_token_ids")
+        row[[t for t in (*eos, *sp.stop_token_ids) if t < vocab]] = float("-inf")
+
+
+def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = logits.sort(descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
+        drop[0] = False  # and always the most likely one (top_p = 0 means greedy)
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, idx, drop), float("-inf"))
+    return logits
+
+
+@dataclass(slots=True)
+class PendingSample:
+    """Sampled ids of one step on the device, on their way to a pinned host buffer."""
+
+    token_ids: torch.Tensor  # [R] int64 on the device (feeds the next step's placeholders)
+    host: torch.Tensor  # [R] int64, pinned
+    ready: torch.cuda.Event | None
+    raw_logprobs: torch.Tensor | None = None
+    logprob_ks: list[int | None] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)  # row -> why
+
+    def resolve(self) -> list[SampleResult]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        tokens = self.host.tolist()
+        results = []
+        for i, token in enumerate(tokens):
+            if i in self.failed:
+                results.append(SampleResult(-1, None, self.failed[i]))
+                continue
+            k = self.logprob_ks[i] if self.logprob_ks else None
+            lp = None
+            if self.raw_logprobs is not None and k is not None:
+                lp = logprob_entry(self.raw_logprobs[i], token, k)
+            results.append(SampleResult(token, lp))
+        return results
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: tuple[int, ...]) -> None:
+        self.eos = eos_token_ids
+
+    @torch.inference_mode()
+    def prepare(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, str]:
+        """Apply every per-row adjustment and the grammar masks to logits in place.
+
+        Returns the rows that failed (row -> message); their logits are left harmless (zeros)
+        and their tokens must be ignored. Nothing a single request asks for fails another row.
+        """
+        failed: dict[int, str] = {}
+        masked: list[RowMatcher] = []
+        rows: list[int] = []
+        for i, seq in enumerate(seqs):
+            g = seq.guided
+            try:
+                if _needs_processing(seq):
+                    _adjust_row(logits[i], seq, self.eos)
+                if g is not None:
+                    g.sync(seq.token_ids, seq.prompt_len)
+                    if g.error is not None:
+                        raise ValueError(f"constraint failed: {g.error}")
+            except Exception as e:  # this request's own inputs; never the batch's problem
+                failed[i] = str(e) or type(e).__name__
+                logits[i] = 0.0
+                continue
+            if g is not None and g.masking:
+                masked.append(g)
+                rows.append(i)
+        if masked:
+            mask = fill_bitmask(masked, logits.shape[1], pin=logits.is_cuda)
+            apply_bitmask(logits, mask, None if len(rows) == len(seqs) else rows)
+        return failed
+
+    def sample_async(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+        """CUDA: sample every row in one kernel and start the copy of the ids to the host.
+
+        Rows with penalties, bias, constraints, min_tokens or top-k/top-p/min-p are adjusted
+        first (penalties and constraints read seq.token_ids, so the stepper resolves
+        placeholders before such steps).
+        """
+        from trtllm_gateway.engine.builtin.kernels.sampling import row_key, sample
+
+        want_lp = any(s.sampling.logprobs is not None for s in seqs)
+        raw_lp = logits.log_softmax(-1) if want_lp else None
+        failed = self.prepare(logits, seqs)
+        temps: list[float] = []
+        keys: list[int] = []
+        for i, seq in enumerate(seqs):
+            sp = seq.sampling
+            greedy = _is_greedy(seq) or i in failed
+            temp = 0.0 if greedy else sp.temperature
+            if not greedy and (sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0):
+                logits[i] = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
+                temp = 1.0
+            temps.append(temp)
+            keys.append(row_key(seq.generator.initial_seed(), seq.output_len))
+        dev = logits.device
+        t_temps = torch.tensor(temps, dtype=torch.float32, pin_memory=True).to(
+            dev, non_blocking=True
+        )
+        t_keys = torch.tensor(keys, dtype=torch.int64, pin_memory=True).to(dev, non_blocking=True)
+        token_ids = sample(logits, t_temps, t_keys)
+        host = torch.empty(len(seqs), dtype=torch.int64, pin_memory=True)
+        host.copy_(token_ids, non_blocking=True)
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        ready.record()
+        ks = [s.sampling.logprobs for s in seqs] if want_lp else []
+        return PendingSample(token_ids, host, ready, raw_lp, ks, failed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
+        """logits: [len(seqs), vocab] float32, one row per sequence that samples this step."""
+        if logits.is_cuda:
+            return self.sample_async(logits, seqs).resolve()
+        want_lp = any(s.sampling.logprobs is not None for s in seqs)
+        raw_lp = logits.log_softmax(-1) if want_lp else None
+        failed = self.prepare(logits, seqs)
+        greedy_rows = [i for i, s in enumerate(seqs) if _is_greedy(s)]
+        argmax = logits.argmax(-1).tolist() if greedy_rows else []
+        results: list[SampleResult] = []
+        for i, seq in enumerate(seqs):
+            if i in failed:
+                results.append(SampleResult(-1, None, failed[i]))
+                continue
+            sp = seq.sampling
+            if _is_greedy(seq):
+                token = argmax[i]
+            else:
+                row = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
+                probs = row.softmax(-1)
+                if bool(torch.isfinite(probs).all()) and float(probs.sum()) > 0:
+                    token = int(torch.multinomial(probs, 1, generator=seq.generator))
+                else:  # a degenerate distribution (e.g. every token penalized to -inf)
+                    token = int(torch.nan_to_num(row, nan=float("-inf")).argmax())
+            lp = None
+            if raw_lp is not None and sp.logprobs is not None:
+                lp = logprob_entry(raw_lp[i], token, sp.logprobs)
+            results.append(SampleResult(token, lp))
+        return results
+
+
+def _needs_processing(seq: Sequence) -> bool:
+    sp = seq.sampling
+    return bool(
+        sp.repetition_penalty != 1.0
+        or sp.presence_penalty
+        or sp.frequency_penalty
+        or sp.logit_bias
+        or sp.allowed_token_ids is not None
+        or seq.output_len < sp.min_tokens
+    )
+
+
+SAMPLING_EPS = 1e-5  # temperatures below this sample greedily, as in vLLM
+
+
+def _is_greedy(seq: Sequence) -> bool:
+    return seq.sampling.temperature < SAMPLING_EPS or seq.sampling.top_k == 1
+
+
+def logprob_entry(lp_row: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        vals, ids = lp_row.topk(k)
+        top = tuple(zip(ids.tolist(), vals.tolist(), strict=True))
+    return TokenLogprob(token, float(lp_row[token]), top)

@@ -1,0 +1,193 @@
+"""Continuous-batching scheduler: FCFS admission, chunked prefill under a token budget, preemption.
+
+Every step packs the running sequences first (one token per decode, the next chunk of an
+unfinished prefill), then admits waiting sequences while the token budget, the batch-size cap and
+the free KV blocks allow. When a running sequence needs a block and none is free, the most
+recently admitted sequence is preempted: its blocks are freed and it waits to be recomputed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trtllm_gateway.engine.builtin.block_manager import BlockManager, block_hash
+from trtllm_gateway.engine.builtin.sequence import Sequence, Status
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    seq: Sequence
+    start: int  # first token position computed this step
+    length: int  # tokens computed this step
+
+    @property
+    def samples(self) -> bool:
+        """True when the chunk reaches the end of the sequence, so a token is sampled."""
+        return self.start + self.length == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_batch_size: int,
+        max_num_tokens: int,
+        on_import: Callable[[Sequence], None] | None = None,
+    ) -> None:
+        self.blocks = blocks
+        self.on_import = on_import  # writes a decode-side sequence's imported prompt KV
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of which found cached
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.max_num_tokens
+        chunks: list[ScheduledChunk] = []
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            if not self._grow(seq, seq.num_computed + n):
+                continue  # seq itself was preempted
+            chunks.append(ScheduledChunk(seq, seq.num_computed, n))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
+            seq = self.waiting[0]
+            if seq.kv_import is not None:
+                if not self._admit_imported(seq):
+                    break
+                chunks.append(ScheduledChunk(seq, seq.num_computed, 1))
+                budget -= 1
+                continue
+            if not seq.block_table:
+                self._match_prefix(seq)
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            need = self.blocks.blocks_needed(seq.num_computed + n) - len(seq.block_table)
+            if not self.blocks.can_allocate(need):
+                break  # head-of-line waits; add() refused requests that can never fit
+            seq.block_table += self.blocks.allocate(need)
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            if seq.first_scheduled is None:
+                seq.first_scheduled = time.perf_counter()
+            self.running.append(seq)
+            chunks.append(ScheduledChunk(seq, seq.num_computed, n))
+            budget -= n
+        return chunks
+
+    def _admit_imported(self, seq: Sequence) -> bool:
+        """Give a decode-side sequence blocks, write the sibling's KV, go on from its last token."""
+        need = self.blocks.blocks_needed(seq.num_tokens)
+        if not self.blocks.can_allocate(need):
+            return False
+        seq.block_table = self.blocks.allocate(need)
+        assert self.on_import is not None
+        self.on_import(seq)
+        seq.kv_import = None
+        seq.num_computed = seq.prompt_len
+        self.waiting.popleft()
+        seq.status = Status.RUNNING
+        seq.first_scheduled = seq.first_scheduled or time.perf_counter()
+        self.running.append(seq)
+        self._publish(seq, 0)
+        return True
+
+    def _match_prefix(self, seq: Sequence) -> None:
+        """Reuse cached full blocks of the prompt; always leave at least one token to compute."""
+        bs = self.blocks.block_size
+        self._extend_hashes(seq, seq.num_tokens - 1)
+        # Prompt logprobs need every prompt position computed, so such requests skip the cache.
+        wants_all = seq.sampling.prompt_logprobs is not None and not seq.prompt_logprobs_done
+        found = [] if wants_all else self.blocks.match_prefix(seq.block_hashes)
+        self.blocks.acquire(found)
+        seq.block_table = list(found)
+        seq.num_computed = len(found) * bs
+        if seq.preemptions == 0:
+            self.prefix_queries += seq.prompt_len
+            self.prefix_hits += seq.num_computed
+            seq.num_cached = seq.num_computed
+
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        bs = self.blocks.block_size
+        hashes: list[bytes] = []
+        prev = b""
+        for i in range((len(token_ids) - 1) // bs):
+            prev = block_hash(prev, token_ids[i * bs : (i + 1) * bs])
+            hashes.append(prev)
+        return len(self.blocks.match_prefix(hashes)) * bs
+
+    def _extend_hashes(self, seq: Sequence, upto_tokens: int) -> None:
+        bs = self.blocks.block_size
+        while (len(seq.block_hashes) + 1) * bs <= upto_tokens:
+            i = len(seq.block_hashes)
+            prev = seq.block_hashes[-1] if seq.block_hashes else b""
+            seq.block_hashes.append(
+                block_hash(prev, seq.token_ids[i * bs : (i + 1) * bs], seq.extra_key)
+            )
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        need = self.blocks.blocks_needed(num_tokens) - len(seq.block_table)
+        while not self.blocks.can_allocate(need):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        if need > 0:
+            seq.block_table += self.blocks.allocate(need)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.release(seq.block_table)
+        seq.block_table = []
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def commit(self, chunks: list[ScheduledChunk]) -> None:
+        """After the forward pass: advance progress and publish newly full blocks."""
+        for c in chunks:
+            c.seq.num_computed = c.start + c.length
+            self._publish(c.seq, c.start)
+
+    def _publish(self, seq: Sequence, start: int) -> None:
+        """Register the blocks filled since token `start` in the prefix cache."""
+        if not self.blocks.caching:
+            return
+        bs = self.blocks.block_size
+        self._extend_hashes(seq, seq.num_computed)
+        for i in range(start // bs, seq.num_computed // bs):
+            parent = seq.block_hashes[i - 1] if i else None
+            tokens = seq.token_ids[i * bs : (i + 1) * bs]
+            self.blocks.register(seq.block_table[i], seq.block_hashes[i], parent, tokens)
+
+    def finish(self, seq: Sequence, keep_blocks: bool = False) -> None:
+        """Take a sequence out of the queues and release its blocks unless asked to keep them."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+        if not keep_blocks:
+            self.release(seq)
+
+    def release(self, seq: Sequence) -> None:
+        self.blocks.release(seq.block_table)
+        seq.block_table = []

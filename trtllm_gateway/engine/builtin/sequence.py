@@ -1,0 +1,99 @@
+"""Sequence: the engine-side state of one request (tokens, KV blocks, progress, sampling RNG)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from trtllm_gateway.engine.guided.matcher import RowMatcher
+from trtllm_gateway.engine.protocol import (
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    TokenLogprob,
+)
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class Sequence:
+    request_id: str
+    token_ids: list[int]
+    prompt_len: int
+    sampling: SamplingParams
+    generator: torch.Generator
+    extra_key: bytes = b""  # mixed into block hashes (image hashes)
+    images: tuple[object, ...] = ()
+    status: Status = Status.WAITING
+    num_computed: int = 0  # tokens whose KV is in the cache
+    num_cached: int = 0  # prompt tokens served from the prefix cache at first admission
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # chain for full blocks
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs_done: bool = False
+    first_event_sent: bool = False
+    # Timings (perf_counter seconds) for metrics.
+    arrival: float = field(default_factory=time.perf_counter)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    preemptions: int = 0
+    # Disaggregation: a prefill-side sequence keeps its KV blocks for a sibling to pull; a
+    # decode-side sequence arrives with the sibling's prompt KV to write into its own blocks.
+    hold_kv: bool = False
+    kv_import: torch.Tensor | None = None
+    # The request's output constraint (response_format, structured_outputs), if any.
+    guided: RowMatcher | None = None
+    # block_table as an int32 array, with the list object and length it was built from.
+    _table_array: tuple[list[int], int, np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    @classmethod
+    def from_request(cls, req: GenerateRequest, generator: torch.Generator) -> Sequence:
+        extra = b"".join(img.hash.encode() for img in req.images)
+        return cls(
+            request_id=req.request_id,
+            token_ids=list(req.prompt_token_ids),
+            prompt_len=len(req.prompt_token_ids),
+            sampling=req.sampling,
+            generator=generator,
+            extra_key=extra,
+            images=tuple(img.payload for img in req.images),
+        )
+
+    def block_table_array(self) -> np.ndarray:
+        """block_table as int32, rebuilt only when the list grows or is replaced: the CUDA path
+        uploads every running sequence's table each step, and it changes once a block."""
+        cached = self._table_array
+        table = self.block_table
+        # Holding the list keeps its identity unique, so `is` cannot match a new list.
+        if cached is None or cached[0] is not table or cached[1] != len(table):
+            cached = self._table_array = (table, len(table), np.asarray(table, dtype=np.int32))
+        return cached[2]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,143 @@
+"""ImageEmbedder: ImageInputs -> embeddings (cache, then an encode sibling, then locally), and
+a request's prompt expanded at its image tokens. Runs on the event loop, before admission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
+from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder
+from trtllm_gateway.engine.builtin.vision.placement import PlacedImage, expand_prompt
+from trtllm_gateway.engine.embed_wire import Frame, decode_frames, encode_frame
+from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
+from trtllm_gateway.engine.remote_encode import RemoteEncoder
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+def create_embedder(encoder: VisionEncoder, settings: Settings) -> ImageEmbedder:
+    remote = None
+    if settings.encode_url:
+        remote = RemoteEncoder(
+            settings.encode_url, settings.encode_timeout, settings.sibling_backoff
+        )
+    return ImageEmbedder(encoder, EmbeddingCache(settings.vision_embed_cache_bytes), remote)
+
+
+class ImageEmbedder:
+    def __init__(
+        self, encoder: VisionEncoder, cache: EmbeddingCache, remote: RemoteEncoder | None = None
+    ) -> None:
+        self.encoder = encoder
+        self.cache = cache
+        self.remote = remote
+        self.layout = encoder.spec.layout
+        self._lock = threading.Lock()  # one local encode at a time on the device
+
+    async def prepare(
+        self, req: GenerateRequest, max_model_len: int
+    ) -> tuple[GenerateRequest, tuple[PlacedImage, ...]]:
+        """The request with each image token expanded to its embedding rows, and the rows.
+
+        The gateway sized max_tokens on the unexpanded prompt, so it is capped at the context
+        the expanded prompt leaves (finish_reason "length" at the cap, as at max_model_len).
+        """
+        embeds = await self.embed(req.images)
+        token = self.encoder.spec.image_token_id
+        ids, placed = expand_prompt(req.prompt_token_ids, token, embeds)
+        sp = req.sampling
+        room = max_model_len - len(ids)
+        if 0 < room < sp.max_tokens:
+            sp = replace(sp, max_tokens=room, min_tokens=min(sp.min_tokens, room))
+        return replace(req, prompt_token_ids=tuple(ids), sampling=sp), placed
+
+    async def embed(self, images: Sequence[ImageInput]) -> list[torch.Tensor]:
+        out: list[torch.Tensor | None] = [self.cache.get(img.hash) for img in images]
+        todo = [img for img, e in zip(images, out, strict=True) if e is None]
+        if todo:
+            fresh = await self._remote(todo) if self.remote is not None else None
+            if fresh is None:
+                fresh = await asyncio.to_thread(self.encode_local, todo)
+            it = iter(fresh)
+            for i, (img, e) in enumerate(zip(images, out, strict=True)):
+                if e is None:
+                    out[i] = next(it)
+                    self.cache.put(img.hash, out[i])  # type: ignore[arg-type]
+        return [e for e in out if e is not None]
+
+    async def aclose(self) -> None:
+        if self.remote is not None:
+            await self.remote.aclose()
+
+    def encode_local(self, images: Sequence[ImageInput]) -> list[torch.Tensor]:
+        with self._lock:
+            return self.encoder.encode([img.payload for img in images])
+
+    async def _remote(self, images: Sequence[ImageInput]) -> list[torch.Tensor] | None:
+        assert self.remote is not None
+        frames = await asyncio.to_thread(_pixel_frames, images)
+        got = await self.remote.encode(frames, [img.hash for img in images], self.layout)
+        if got is None:
+            return None
+        dev, dtype = self.encoder.device, self.encoder.dtype
+        return [_tensor(f).to(dev, dtype) for f in got]
+
+    # --- encode mode: the sibling side ----------------------------------------------------
+    async def encode_frames(self, body: bytes) -> list[bytes]:
+        """An encode request's pixel frames -> one embeds frame per image (same order)."""
+        try:
+            images = [_image(f) for f in decode_frames(body, "pixels")]
+        except ValueError as e:  # EmbedWireError, or pixels that do not make an image
+            raise InvalidRequestError(f"bad encode request: {e}") from None
+        if not images:
+            raise InvalidRequestError("an encode request needs at least one image")
+        embeds = await self.embed(images)
+        return [
+            _embeds_frame(img.hash, e, self.layout) for img, e in zip(images, embeds, strict=True)
+        ]
+
+
+def _pixel_frames(images: Sequence[ImageInput]) -> list[bytes]:
+    out = []
+    for img in images:
+        pil: Any = img.payload
+        w, h = pil.size
+        out.append(encode_frame("pixels", img.hash, "uint8", (h, w, 3), pil.tobytes()))
+    return out
+
+
+def _image(frame: Frame) -> ImageInput:
+    from PIL import Image
+
+    h, w, c = frame.header.shape
+    if c != 3:
+        raise ValueError("pixels must be RGB")
+    pil = Image.frombytes("RGB", (w, h), bytes(frame.data))
+    return ImageInput(hash=frame.header.image_hash, payload=pil)
+
+
+def _embeds_frame(image_hash: str, embeds: torch.Tensor, layout: str) -> bytes:
+    cpu = embeds.detach().contiguous().cpu()
+    raw = cpu.view(torch.uint8).numpy().tobytes()
+    return encode_frame(
+        "embeds", image_hash, _DTYPE_NAMES[cpu.dtype], tuple(cpu.shape), raw, layout
+    )
+
+
+def _tensor(frame: Frame) -> torch.Tensor:
+    dtype = _DTYPES.get(frame.header.dtype)
+    if dtype is None:
+        raise InvalidRequestError(f"embeddings of dtype {frame.header.dtype} are not supported")
+    return torch.frombuffer(bytearray(frame.data), dtype=dtype).view(frame.header.shape)

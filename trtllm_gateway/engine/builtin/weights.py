@@ -1,0 +1,74 @@
+"""Build the model and fill it: safetensors from an HF directory, or random weights (dummy)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from trtllm_gateway.engine.builtin.model import LlamaModel
+from trtllm_gateway.engine.builtin.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    for i, f in enumerate(files, 1):
+        logger.info("loading weights %d/%d: %s", i, len(files), f.name)
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                yield name, st.get_tensor(name)
+
+
+def build_model(
+    cfg: ModelConfig,
+    model_dir: Path | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    dummy: bool = False,
+    seed: int = 0,
+) -> LlamaModel:
+    t0 = time.perf_counter()
+    with torch.device(device):
+        # One spare position: the overlapped CUDA stepper may compute one token past the limit.
+        model = LlamaModel(cfg, max_positions + 1)
+    model.to(dtype=dtype)
+    model.rope.float()
+    if dummy:
+        _random_fill(model, seed)
+    else:
+        assert model_dir is not None
+        model.load_weights(iter_safetensors(model_dir))
+    model.eval().requires_grad_(False)
+    logger.info("model ready in %.1fs (%s, %s)", time.perf_counter() - t0, dtype, device)
+    return model
+
+
+@torch.no_grad()
+def _random_fill(model: LlamaModel, seed: int) -> None:
+    """N(0, 0.02) weights, norms at 1, drawn by a generator on the model's device (an 8B model
+    takes minutes on a CPU generator, well under a second on a GPU)."""
+    dev = model.embed_tokens.weight.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif p.dtype == torch.float32:
+            p.normal_(0.0, 0.02, generator=gen)
+        else:
+            # Draw in float32 and round, a slice at a time, so no full float32 copy is held.
+            flat = p.view(-1)
+            step = 1 << 26
+            for i in range(0, flat.numel(), step):
+                part = flat[i : i + step]
+                buf = torch.empty(part.shape, dtype=torch.float32, device=dev)
+                part.copy_(buf.normal_(0.0, 0.02, generator=gen))

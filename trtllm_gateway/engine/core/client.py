@@ -1,0 +1,368 @@
+"""CoreClient: the Engine (and KvHandoff) the gateway sees when the step loop runs elsewhere.
+
+    generate ─▶ Add ──▶ [core: admit, step, step, ...] ──▶ OutputBatch (one a step)
+                                                            │ output task: per-request queues
+    per-request queue ◀─────────────────────────────────────┘
+
+One output task reads the batches and fans them out; a consumer that fell behind gets its queued
+tokens as one event. Closing a stream before its last event sends Abort. The core's death (a Dead
+message, or its process's sentinel going readable) fails every open stream with EngineDeadError
+at once and turns health to dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from trtllm_gateway.engine.builtin.core_vision import pixel_frames
+from trtllm_gateway.engine.builtin.stream_interval import merge_events
+from trtllm_gateway.engine.core import messages as m
+from trtllm_gateway.engine.core.launch import Launcher
+from trtllm_gateway.engine.core.loop import Addresses
+from trtllm_gateway.engine.kv_events import KvEventLog, event_from_json
+from trtllm_gateway.engine.protocol import (
+    EngineDeadError,
+    EngineError,
+    EngineHealth,
+    EngineInfo,
+    EngineState,
+    GenerateRequest,
+    InvalidRequestError,
+    OverloadedError,
+    PrefillResult,
+    TokenEvent,
+)
+
+logger = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_MS = 1000
+
+_Item = TokenEvent | EngineError
+
+
+class CoreClient:
+    def __init__(self, launcher: Launcher, model_id: str, block_size: int) -> None:
+        self.launcher = launcher
+        self.kv_event_log = KvEventLog(block_size)  # KvEventSource: the core's, forwarded
+        self.info = EngineInfo(model_id=model_id, max_model_len=0, vocab_size=0, eos_token_ids=())
+        self.tokenizer_dir: str | None = None
+        # Remote-encode outcomes for /metrics (--encode-url on a vision model), the core's.
+        self.remote_encode_outcomes: Counter[str] | None = None
+        self._state: EngineState = "loading"
+        self._detail = ""
+        self._health = EngineHealth(state="loading")
+        self._queues: dict[str, asyncio.Queue[_Item]] = {}
+        self._replies: dict[int, asyncio.Future[bytes]] = {}
+        self._cookies = itertools.count()
+        self._stopping = False
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._actx = zmq.asyncio.Context.shadow(self._ctx)
+        self._dir: str | None = None
+        self._inbox: zmq.Socket[bytes] | None = None
+        self._outbox: zmq.asyncio.Socket | None = None
+        self._probe: zmq.Socket[bytes] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handshake: asyncio.Future[bytes] | None = None
+        self._exited = False
+        self._watching: int | None = None  # the core's exit fd while a reader is on it
+
+    # --- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        addrs = self._bind()
+        self.launcher.start(self._ctx, addrs)
+        self._watching = self.launcher.sentinel
+        if self._watching is not None:
+            self._loop.add_reader(self._watching, self._on_exit)
+        assert self._outbox is not None
+        self._handshake = asyncio.ensure_future(self._outbox.recv())
+        try:
+            first: m.Outbound = m.decode_outbound(await self._handshake)
+        except asyncio.CancelledError:
+            if not self._exited:
+                raise
+            first = m.Dead(f"engine core process exited (code {self.launcher.exitcode})")
+        if not isinstance(first, m.Ready):
+            detail = first.detail if isinstance(first, m.Dead) else "no handshake"
+            self._die(detail)  # stop() joins the core and closes the sockets
+            raise EngineDeadError(detail)
+        self.info = first.info
+        self.tokenizer_dir = first.tokenizer_dir or None
+        self._health = first.health
+        self.kv_event_log.num_blocks = first.kv_blocks
+        if first.remote_encode:
+            self.remote_encode_outcomes = Counter()
+        self._state = "ready"
+        self._reader = asyncio.create_task(self._read(), name="engine-core-output")
+
+    async def stop(self) -> None:
+        if self._state != "dead":
+            self._state = "draining"
+            self._stopping = True
+            self._send(m.Stop())
+            if self._reader is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._reader), STOP_TIMEOUT_S)
+        self._unwatch()
+        if not await asyncio.to_thread(self.launcher.join, 10.0):
+            logger.warning("engine core did not exit after Stop; killing it")
+            self.launcher.kill()
+        self._close()
+
+    def health(self) -> EngineHealth:
+        if self._state != "ready":
+            return replace(self._health, state=self._state, detail=self._detail)
+        return self._health
+
+    # --- requests ---------------------------------------------------------------------------
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        add, frames = self._add(req, hold_kv=False)
+        async for ev in self._stream(add, frames):
+            yield ev
+
+    async def prefill(self, req: GenerateRequest) -> PrefillResult:
+        """Context phase only: the first token, and the prompt's KV held for a sibling."""
+        req = replace(req, sampling=replace(req.sampling, max_tokens=1))
+        add, frames = self._add(req, hold_kv=True)
+        events = [ev async for ev in self._stream(add, frames)]
+        last = events[-1]
+        if last.finish_reason == "abort":
+            raise OverloadedError("the context phase was aborted")
+        assert last.usage is not None
+        return PrefillResult(
+            request_id=req.request_id,
+            first_token_ids=tuple(t for ev in events for t in ev.token_ids),
+            first_logprobs=tuple(lp for ev in events for lp in ev.logprobs or ()) or None,
+            prompt_tokens=last.usage.prompt_tokens,
+            cached_tokens=last.usage.cached_tokens,
+            opaque_state=json.dumps(
+                {"ctx_request_id": req.request_id, "kv_layout": self.info.kv_layout}
+            ).encode(),
+        )
+
+    def abort(self, request_id: str) -> None:
+        if self._state in ("ready", "draining"):
+            self._send(m.Abort(request_id))
+
+    async def pull_kv(self, ctx_request_id: str) -> bytes:
+        self._check_serving()
+        assert self._loop is not None
+        cookie = next(self._cookies)
+        fut: asyncio.Future[bytes] = self._loop.create_future()
+        self._replies[cookie] = fut
+        self._send(m.ExportKv(cookie, ctx_request_id))
+        return await fut
+
+    def release_kv(self, ctx_request_id: str) -> None:
+        if self._state in ("ready", "draining"):
+            self._send(m.ReleaseKv(ctx_request_id))
+
+    def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
+        """One round trip to the core's probe thread (never waits for a step); 0 if none."""
+        sock = self._probe
+        if sock is None or self._state != "ready":
+            return 0
+        sock.send(m.encode(m.PrefixProbe(prompt_token_ids)))
+        if not sock.poll(PROBE_TIMEOUT_MS):
+            return 0
+        reply = m.decode_probe(sock.recv())
+        return reply.cached_tokens if isinstance(reply, m.ProbeReply) else 0
+
+    # --- internals --------------------------------------------------------------------------
+    def _check_serving(self) -> None:
+        if self._state == "loading":
+            raise OverloadedError("the model is still loading")
+        if self._state != "ready":
+            raise EngineDeadError(self._detail or "the engine is not serving")
+
+    def _add(self, req: GenerateRequest, hold_kv: bool) -> tuple[m.Add, list[bytes]]:
+        """The Add message and the frames after it: the sibling's KV, then the pixels."""
+        self._check_serving()
+        if req.request_id in self._queues:
+            raise InvalidRequestError(f"request id {req.request_id!r} is already in flight")
+        add = m.Add(req.request_id, req.prompt_token_ids, req.sampling, hold_kv=hold_kv)
+        frames: list[bytes] = []
+        d = req.disagg
+        if d is not None and d.request_type == "generation_only":
+            if not isinstance(d.kv_payload, bytes) or not d.first_token_ids:
+                raise InvalidRequestError("generation_only needs the sibling's KV and first token")
+            first = {"first_token_ids": d.first_token_ids, "first_logprobs": d.first_logprobs}
+            add = msgspec.structs.replace(add, **first)
+            frames.append(d.kv_payload)
+        if req.images:
+            if not self.info.supports_images:
+                raise InvalidRequestError("model does not accept images")
+            hashes = tuple(img.hash for img in req.images)
+            add = msgspec.structs.replace(add, image_hashes=hashes)
+            frames.append(pixel_frames(req.images))
+        return add, frames
+
+    async def _stream(self, add: m.Add, frames: list[bytes]) -> AsyncIterator[TokenEvent]:
+        data = _encode_add(add)  # before anything is registered: a bad value is a 400
+        q: asyncio.Queue[_Item] = asyncio.Queue()
+        self._queues[add.request_id] = q
+        if self._inbox is not None:
+            self._inbox.send_multipart([data, *frames], copy=not frames)
+        finished = False
+        try:
+            async for item in _drain(q):
+                if item.finish_reason is not None:
+                    finished = True
+                yield item
+        except EngineError:
+            finished = True
+            raise
+        finally:
+            self._queues.pop(add.request_id, None)
+            if not finished:
+                self.abort(add.request_id)
+
+    def _send(self, msg: m.Inbound, *frames: bytes) -> None:
+        sock = self._inbox
+        if sock is not None:
+            sock.send_multipart([m.encode(msg), *frames], copy=not frames)
+
+    async def _read(self) -> None:
+        assert self._outbox is not None
+        while True:
+            frames = await self._outbox.recv_multipart()
+            msg = m.decode_outbound(frames[0])
+            if isinstance(msg, m.OutputBatch):
+                self._health = msg.health
+                for raw in msg.kv_events:
+                    self.kv_event_log.append(event_from_json(raw))
+                if msg.remote_encode is not None and self.remote_encode_outcomes is not None:
+                    self.remote_encode_outcomes.update(
+                        {
+                            k: v - self.remote_encode_outcomes[k]
+                            for k, v in msg.remote_encode.items()
+                        }
+                    )
+                queues = self._queues
+                for request_id, ev in msg.events:
+                    q = queues.get(request_id)
+                    if q is not None:
+                        q.put_nowait(ev)
+                for request_id, err in msg.errors:
+                    q = queues.get(request_id)
+                    if q is not None:
+                        q.put_nowait(err.exception())
+            elif isinstance(msg, m.Reply):
+                fut = self._replies.pop(msg.cookie, None)
+                if fut is not None and not fut.done():
+                    if msg.error is not None:
+                        fut.set_exception(msg.error.exception())
+                    else:
+                        fut.set_result(frames[1])
+            elif isinstance(msg, m.Dead):
+                self._die("" if msg.stopped else msg.detail)
+                return
+
+    def _on_exit(self) -> None:
+        """The core process exited: at once, not at the next read (it may never come)."""
+        self._exited = True
+        self._unwatch()
+        if self._handshake is not None and not self._handshake.done():
+            self._handshake.cancel()  # start() reports it
+            return
+        if self._stopping:
+            return  # Stop's Dead(stopped) is in the pipe; the reader ends on it
+        code = self.launcher.exitcode
+        if self._state != "dead":
+            self._die(f"engine core process exited (code {code})")
+        if self._reader is not None:
+            self._reader.cancel()
+
+    def _die(self, detail: str) -> None:
+        self._state = "dead" if detail else "draining"
+        self._detail = detail
+        if detail:
+            logger.error("engine core dead: %s", detail)
+        err = EngineDeadError(detail or "the engine stopped")
+        for q in self._queues.values():
+            q.put_nowait(err)
+        for fut in self._replies.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._replies.clear()
+
+    def _bind(self) -> Addresses:
+        if self.launcher.transport == "ipc":
+            self._dir = tempfile.mkdtemp(prefix="gateway-core-")
+            base = f"ipc://{self._dir}/"
+        else:
+            base = f"inproc://core-{id(self)}-"
+        addrs = Addresses(base + "in", base + "out", base + "probe")
+        self._inbox = self._ctx.socket(zmq.PUSH)
+        self._inbox.setsockopt(zmq.SNDHWM, 0)
+        self._inbox.bind(addrs.inbox)
+        self._outbox = self._actx.socket(zmq.PULL)
+        self._outbox.setsockopt(zmq.RCVHWM, 0)
+        self._outbox.bind(addrs.outbox)
+        self._probe = self._ctx.socket(zmq.REQ)
+        self._probe.setsockopt(zmq.REQ_RELAXED, 1)
+        self._probe.setsockopt(zmq.REQ_CORRELATE, 1)
+        self._probe.bind(addrs.probe)
+        return addrs
+
+    def _unwatch(self) -> None:
+        if self._watching is not None and self._loop is not None:
+            self._loop.remove_reader(self._watching)
+            self._watching = None
+
+    def _close(self) -> None:
+        self._unwatch()
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
+        for sock in (self._inbox, self._outbox, self._probe):
+            if sock is not None:
+                sock.close(linger=0)
+        self._inbox = self._outbox = self._probe = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+def _encode_add(add: m.Add) -> bytes:
+    """The Add on the wire; a value msgpack cannot carry (an int past 64 bits) is refused."""
+    try:
+        return m.encode(add)
+    except (OverflowError, msgspec.EncodeError) as e:
+        seed = add.sampling.seed
+        if seed is not None and not -(2**63) <= seed < 2**64:
+            raise InvalidRequestError("seed is out of range", param="seed") from None
+        raise InvalidRequestError(f"a request value is out of range: {e}") from None
+
+
+async def _drain(q: asyncio.Queue[_Item]) -> AsyncIterator[TokenEvent]:
+    """A request's events until its last; tokens queued meanwhile go out as one event."""
+    held: _Item | None = None
+    while True:
+        item = held if held is not None else await q.get()
+        held = None
+        if isinstance(item, EngineError):
+            raise item
+        while item.finish_reason is None and not q.empty():
+            nxt = q.get_nowait()
+            if isinstance(nxt, EngineError):
+                held = nxt
+                break
+            item = merge_events(item, nxt)
+        yield item
+        if item.finish_reason is not None:
+            return

@@ -1,0 +1,165 @@
+"""The core loop: messages in, one OutputBatch out per step, over ZMQ; in a process or a thread.
+
+    poll(inbox, parent) ─▶ handle every queued message ─▶ step ─▶ send OutputBatch ─▶ poll ...
+
+It blocks on the inbox only while the core has no work; with work, it takes what has queued and
+steps again. A second thread answers PrefixProbes (a read of the prefix cache) so conditional
+disaggregation never waits for a step. The loop ends on Stop (Dead(stopped=True)), on an engine
+bug (Dead with the reason) or when the parent process is gone (no orphan engine).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import zmq
+
+from trtllm_gateway.engine.core import messages as m
+
+logger = logging.getLogger(__name__)
+
+PROBE_POLL_MS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Addresses:
+    """Where the client binds: the inbox (client -> core), outbox (core -> client), probe."""
+
+    inbox: str
+    outbox: str
+    probe: str
+
+
+class Core(Protocol):
+    """What the loop drives (engine/builtin/core.py EngineCore)."""
+
+    stopping: bool
+
+    def load(self) -> m.Ready: ...
+    @property
+    def wake_fd(self) -> int | None:
+        """Readable when work finished off the loop (an image encode) waits to be admitted."""
+        ...
+
+    def handle(
+        self, msg: m.Inbound, frames: list[bytes]
+    ) -> tuple[m.Reply, bytes | None] | None: ...
+    def has_work(self) -> bool: ...
+    def idle_timeout(self) -> float | None: ...
+    def step(self) -> None: ...
+    def batch(self) -> m.OutputBatch: ...
+    def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int: ...
+
+
+def run_core(
+    make_core: Callable[[], Core],
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    addrs: Addresses,
+    parent_sentinel: int | None = None,
+) -> int:
+    """Load the core, then serve until Stop; the exit status (0 after Stop, 1 on failure)."""
+    inbox = ctx.socket(zmq.PULL)
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.SNDHWM, 0)
+    inbox.connect(addrs.inbox)
+    outbox.connect(addrs.outbox)
+    stop_probe = threading.Event()
+    probe: threading.Thread | None = None
+    try:
+        try:
+            core = make_core()
+            outbox.send(m.encode(core.load()))
+            outbox.send(m.encode(core.batch()))  # what loading produced (the first KV event)
+        except Exception as e:
+            logger.exception("engine core failed to load")
+            outbox.send(m.encode(m.Dead(f"model failed to load: {e}")))
+            return 1
+        probe = threading.Thread(
+            target=_answer_probes, args=(core, ctx, addrs.probe, stop_probe), daemon=True
+        )
+        probe.start()
+        try:
+            return _serve(core, inbox, outbox, parent_sentinel)
+        except Exception as e:  # a loop bug: still tell the client, which fails its streams
+            logger.exception("engine core loop failed")
+            outbox.send(m.encode(m.Dead(f"engine core failed: {e}")))
+            return 1
+    finally:
+        stop_probe.set()
+        if probe is not None:
+            probe.join(2 * PROBE_POLL_MS / 1000)
+        inbox.close(linger=0)
+        outbox.close(linger=2000)  # the last batch and Dead reach the client
+
+
+def _serve(
+    core: Core, inbox: zmq.Socket[bytes], outbox: zmq.Socket[bytes], parent: int | None
+) -> int:
+    poller = zmq.Poller()
+    poller.register(inbox, zmq.POLLIN)
+    if parent is not None:
+        poller.register(parent, zmq.POLLIN)
+    if core.wake_fd is not None:
+        poller.register(core.wake_fd, zmq.POLLIN)
+    while True:
+        if core.has_work():
+            timeout_ms: int | None = 0
+        else:
+            idle = core.idle_timeout()
+            timeout_ms = None if idle is None else int(idle * 1000)
+        ready = dict(poller.poll(timeout_ms))
+        if parent is not None and parent in ready:
+            logger.warning("the gateway process is gone; the engine core exits")
+            return 1
+        _drain_inbox(core, inbox, outbox)
+        if core.stopping:
+            outbox.send(m.encode(core.batch()))
+            outbox.send(m.encode(m.Dead("stopped", stopped=True)))
+            return 0
+        try:
+            core.step()
+        except Exception as e:  # an engine bug: every request fails, the core is dead
+            logger.exception("engine step failed")
+            outbox.send(m.encode(core.batch()))
+            outbox.send(m.encode(m.Dead(f"engine step failed: {e}")))
+            return 1
+        # Every wake-up ends in a batch: a step's tokens, a message's effect (an abort), or an
+        # idle tick that expired a KV hand-off; the health snapshot it carries stays current.
+        outbox.send(m.encode(core.batch()))
+
+
+def _drain_inbox(core: Core, inbox: zmq.Socket[bytes], outbox: zmq.Socket[bytes]) -> None:
+    while True:
+        try:
+            frames = inbox.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        reply = core.handle(m.decode_inbound(frames[0]), frames[1:])
+        if reply is not None:
+            msg, blob = reply
+            outbox.send_multipart([m.encode(msg)] if blob is None else [m.encode(msg), blob])
+
+
+def _answer_probes(
+    core: Core, ctx: zmq.Context[zmq.Socket[bytes]], address: str, stop: threading.Event
+) -> None:
+    sock = ctx.socket(zmq.REP)
+    sock.connect(address)
+    try:
+        while not stop.is_set():
+            if not sock.poll(PROBE_POLL_MS):
+                continue
+            msg = m.decode_probe(sock.recv())
+            cached = 0
+            if isinstance(msg, m.PrefixProbe):
+                try:
+                    cached = core.cached_prefix_tokens(msg.prompt_token_ids)
+                except Exception:  # a racing step changed the cache under us: say none
+                    logger.debug("prefix probe failed", exc_info=True)
+            sock.send(m.encode(m.ProbeReply(cached)))
+    finally:
+        sock.close(linger=0)

@@ -1,0 +1,170 @@
+"""What crosses between the gateway's CoreClient and the engine core: typed msgspec structs.
+
+No torch here. The protocol's frozen dataclasses (SamplingParams, TokenEvent, EngineHealth,
+EngineInfo) ride inside the structs as they are; msgspec encodes them natively. A KV blob travels
+as its own ZMQ frame after the message that names it, never inside the msgpack body.
+
+    client -> core   Add, Abort, ExportKv, ReleaseKv, Stop        (one PUSH/PULL pipe)
+    client -> core   PrefixProbe -> ProbeReply                    (REQ/REP, answered off the loop)
+    core -> client   Ready, OutputBatch (one per step), Reply, Dead
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from trtllm_gateway.engine.protocol import (
+    ContextTooLongError,
+    EngineDeadError,
+    EngineError,
+    EngineHealth,
+    EngineInfo,
+    InvalidRequestError,
+    OverloadedError,
+    SamplingParams,
+    TokenEvent,
+    TokenLogprob,
+)
+
+ErrorKind = Literal["invalid", "context", "overloaded", "dead"]
+
+
+class RequestError(msgspec.Struct, frozen=True, array_like=True):
+    """An EngineError as data: its kind, message, param and (for context) the three numbers."""
+
+    kind: ErrorKind
+    message: str
+    param: str | None = None
+    numbers: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RequestError:
+        if isinstance(exc, ContextTooLongError):
+            nums = (exc.prompt_tokens, exc.max_tokens, exc.max_model_len)
+            return cls("context", str(exc), exc.param, nums)
+        if isinstance(exc, InvalidRequestError):
+            return cls("invalid", str(exc), exc.param)
+        if isinstance(exc, OverloadedError):
+            return cls("overloaded", str(exc))
+        return cls("dead", str(exc) or type(exc).__name__)
+
+    def exception(self) -> EngineError:
+        if self.kind == "context" and len(self.numbers) == 3:
+            return ContextTooLongError(*self.numbers)
+        if self.kind in ("invalid", "context"):
+            return InvalidRequestError(self.message, param=self.param)
+        if self.kind == "overloaded":
+            return OverloadedError(self.message)
+        return EngineDeadError(self.message)
+
+
+# --- client -> core -------------------------------------------------------------------------
+class Add(msgspec.Struct, frozen=True, tag="add"):
+    """A new request. hold_kv: a context-only phase whose KV waits for a sibling's pull.
+
+    Frames after it, in this order: the prompt KV (kv_wire) when first_token_ids is set (a
+    decode-side request), then the images' pixels (embed_wire "pixels" frames, one body) when
+    image_hashes is set.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    hold_kv: bool = False
+    first_token_ids: tuple[int, ...] = ()
+    first_logprobs: tuple[TokenLogprob, ...] | None = None
+    image_hashes: tuple[str, ...] = ()
+
+
+class Abort(msgspec.Struct, frozen=True, tag="abort"):
+    request_id: str
+
+
+class ExportKv(msgspec.Struct, frozen=True, tag="export"):
+    """Pull a held context phase's KV: answered by a Reply with the same cookie."""
+
+    cookie: int
+    request_id: str
+
+
+class ReleaseKv(msgspec.Struct, frozen=True, tag="release"):
+    request_id: str
+
+
+class Stop(msgspec.Struct, frozen=True, tag="stop"):
+    """Abort everything in flight, send the last batch, then Dead("stopped") and exit."""
+
+
+class PrefixProbe(msgspec.Struct, frozen=True, tag="probe"):
+    prompt_token_ids: tuple[int, ...]
+
+
+class ProbeReply(msgspec.Struct, frozen=True, tag="probe_reply"):
+    cached_tokens: int
+
+
+Inbound = Add | Abort | ExportKv | ReleaseKv | Stop
+
+
+# --- core -> client -------------------------------------------------------------------------
+class Ready(msgspec.Struct, frozen=True, tag="ready"):
+    info: EngineInfo
+    tokenizer_dir: str
+    health: EngineHealth
+    kv_blocks: int = 0  # the KV event log's num_blocks
+    remote_encode: bool = False  # images go to an encode sibling (--encode-url)
+
+
+class OutputBatch(msgspec.Struct, frozen=True, tag="batch"):
+    """Everything one step produced: each request's new tokens, each failed request's error,
+    and the health snapshot after the step."""
+
+    events: list[tuple[str, TokenEvent]]
+    errors: list[tuple[str, RequestError]]
+    health: EngineHealth
+    # The prefix cache's KV events since the last batch, in engine/kv_events.event_json form.
+    kv_events: list[dict[str, Any]] = []
+    # Cumulative outcomes of image encodes sent to an encode sibling (--encode-url), if any.
+    remote_encode: dict[str, int] | None = None
+
+
+class Reply(msgspec.Struct, frozen=True, tag="reply"):
+    """The answer to an ExportKv; on success the KV blob is the next frame."""
+
+    cookie: int
+    error: RequestError | None = None
+
+
+class Dead(msgspec.Struct, frozen=True, tag="dead"):
+    """The core is gone: "stopped" after a Stop, else why it failed (load or step)."""
+
+    detail: str
+    stopped: bool = False
+
+
+Outbound = Ready | OutputBatch | Reply | Dead
+
+_encoder = msgspec.msgpack.Encoder()
+_inbound: msgspec.msgpack.Decoder[Inbound] = msgspec.msgpack.Decoder(Inbound)
+_outbound: msgspec.msgpack.Decoder[Outbound] = msgspec.msgpack.Decoder(Outbound)
+_probe: msgspec.msgpack.Decoder[PrefixProbe | ProbeReply] = msgspec.msgpack.Decoder(
+    PrefixProbe | ProbeReply
+)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_inbound(data: bytes) -> Inbound:
+    return _inbound.decode(data)
+
+
+def decode_outbound(data: bytes) -> Outbound:
+    return _outbound.decode(data)
+
+
+def decode_probe(data: bytes) -> PrefixProbe | ProbeReply:
+    return _probe.decode(data)

@@ -1,0 +1,55 @@
+"""create_engine(settings): the engine --engine names; implementations are imported lazily."""
+
+from __future__ import annotations
+
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.protocol import Engine
+
+
+def create_engine(settings: Settings) -> Engine:
+    """Construct (not start) the engine; loading happens in Engine.start() under the lifespan.
+
+    A decode instance with --prefill-url gets its engine wrapped for remote prefill.
+    """
+    engine = _create_local(settings)
+    if settings.mode == "decode" and settings.prefill_url:
+        from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine
+        from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
+
+        return RemotePrefillEngine(engine, settings, RemotePrefillStats())
+    return engine
+
+
+def preflight(settings: Settings) -> None:
+    """Fail before the server starts on what the chosen engine cannot run.
+
+    Raises EngineError or ValueError whose str() is one line for the operator.
+    """
+    if settings.engine == "trtllm":
+        from trtllm_gateway.engine.trtllm.loader import preflight as trtllm_preflight
+
+        trtllm_preflight(settings)
+
+
+def _create_local(settings: Settings) -> Engine:
+    if settings.engine == "builtin" and settings.mode == "encode":
+        from trtllm_gateway.engine.builtin.vision.encode_engine import EncodeEngine
+
+        return EncodeEngine(settings)
+    if settings.engine == "builtin" and settings.engine_process:
+        from trtllm_gateway.engine.builtin.config import core_client
+
+        return core_client(settings)
+    if settings.engine == "builtin":
+        from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+
+        return BuiltinEngine(settings)
+    if settings.engine == "trtllm":
+        from trtllm_gateway.engine.trtllm.engine import TrtllmEngine
+
+        return TrtllmEngine(settings)
+    if settings.engine == "fake":
+        from trtllm_gateway.engine.fake import FakeEngine
+
+        return FakeEngine.from_settings(settings)
+    raise ValueError(f"unknown engine {settings.engine!r}")

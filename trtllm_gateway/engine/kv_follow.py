@@ -1,0 +1,100 @@
+"""KvFollower: keeps a sibling's PrefixIndex current by reading its /internal/v1/kv-events stream.
+
+One task per sibling. It resumes after the last event id it applied; a Hello from another
+instance (the sibling restarted) or a Resync (it dropped events we had not read) empties the
+index first. A sibling without events (404) is asked again only after a long pause; a broken
+connection is retried after `retry` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+import httpx
+
+from trtllm_gateway.engine.kv_events import event_from_json
+from trtllm_gateway.engine.kv_index import PrefixIndex
+
+logger = logging.getLogger(__name__)
+
+PATH = "/internal/v1/kv-events"
+NO_EVENTS_RETRY_S = 60.0
+
+
+class KvFollower:
+    def __init__(
+        self,
+        url: str,
+        index: PrefixIndex,
+        client: httpx.AsyncClient,
+        headers: dict[str, str],
+        retry: float = 2.0,
+    ) -> None:
+        self.url = url
+        self.index = index
+        self._client = client
+        self._headers = headers
+        self._retry = retry
+        self.instance: str | None = None
+        self.last_id = -1
+        self.connected = asyncio.Event()  # set once a stream's Hello arrived (tests wait on it)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"kv-follow {self.url}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            pause = self._retry
+            try:
+                pause = await self._follow()
+            except (httpx.HTTPError, ValueError) as e:
+                logger.debug("KV events of %s: %s; again in %.0fs", self.url, e, pause)
+            await asyncio.sleep(pause)
+
+    async def _follow(self) -> float:
+        params = {"after": str(self.last_id)}
+        url = f"{self.url}{PATH}"
+        timeout = httpx.Timeout(30.0, read=None)
+        async with self._client.stream(
+            "GET", url, params=params, headers=self._headers, timeout=timeout
+        ) as res:
+            if res.status_code == 404:
+                return NO_EVENTS_RETRY_S  # an engine without events (or a gateway without them)
+            if res.status_code != 200:
+                raise httpx.HTTPStatusError(f"{res.status_code}", request=res.request, response=res)
+            async for line in res.aiter_lines():
+                if line and self._line(json.loads(line)):
+                    return 0.0  # read the new instance from its first event
+        return self._retry
+
+    def _line(self, raw: dict[str, object]) -> bool:
+        """Apply one line; True when the stream must be opened again from the start."""
+        kind = raw.get("type")
+        if kind == "Hello":
+            if raw.get("instance") != self.instance:
+                if self.instance is not None:
+                    logger.info("prefill sibling %s restarted: its KV index starts over", self.url)
+                self.index.clear()
+                self.instance = str(raw.get("instance"))
+                if self.last_id != -1:
+                    self.last_id = -1
+                    return True
+            self.connected.set()
+        elif kind == "Resync":
+            self.index.clear()
+        elif kind != "Heartbeat":
+            self.index.apply(event_from_json(raw))
+            event_id = raw.get("event_id")
+            if isinstance(event_id, int):
+                self.last_id = event_id
+        return False

@@ -1,0 +1,275 @@
+"""The one engine boundary: the Engine protocol, its frozen request/event dataclasses and errors.
+
+Routers import only this module and engine.tokenizer. Nothing here knows HTTP, pydantic or tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from trtllm_gateway.engine.kv_events import KvEventLog
+
+FinishReason = Literal["stop", "length", "abort"]
+EngineState = Literal["loading", "ready", "draining", "dead"]
+Mode = Literal["aggregated", "prefill", "decode", "encode"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model_id: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    supports_images: bool = False
+    mode: Mode = "aggregated"
+    engine: str = "builtin"
+    # Layout fingerprint a disaggregation sibling must match (model, dtype, block size, ...).
+    kv_layout: str = ""
+    # Requests the engine runs at once, as configured after every layer of engine args
+    # (0: unknown). The gateway sizes admission from it.
+    max_batch_size: int = 0
+
+
+GuidedKind = Literal["json", "json_object", "regex", "grammar"]
+
+
+@dataclass(frozen=True, slots=True)
+class GuidedDecoding:
+    """A token-level constraint on the output (structured outputs, forced tool calls).
+
+    kind "json": spec is a JSON schema as JSON text; "json_object": any JSON object (spec "");
+    "regex": spec is a regular expression the whole output matches; "grammar": spec is a Lark
+    grammar (llguidance's dialect; TensorRT-LLM's guided_decoding_backend=llguidance takes it).
+    OpenAI `choice` lists arrive as a regex. Engines apply the constraint once the output holds
+    `start_after` (the end-of-reasoning token ids, e.g. `</think>`), from the first token when
+    it is empty.
+    """
+
+    kind: GuidedKind
+    spec: str = ""
+    start_after: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # None = off; k = chosen token plus k alternatives
+    prompt_logprobs: int | None = None  # None = off; k alternatives per prompt position
+    # (token id, bias added to its logit), bias clamped to [-100, 100] as OpenAI does.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # vLLM's allowed_token_ids: when set, only these ids may be sampled.
+    allowed_token_ids: tuple[int, ...] | None = None
+    guided: GuidedDecoding | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image, opaque to routers: its BLAKE3 hash and decoded pixels (engine payload)."""
+
+    hash: str
+    payload: object = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggParams:
+    """Result of a sibling's context phase carried into a decode-side generate.
+
+    request_type is "generation_only" on the decode side. opaque_state is engine-specific bytes
+    (TensorRT-LLM's opaque state, or the built-in engine's serialized KV blocks).
+    """
+
+    request_type: Literal["context_only", "generation_only"]
+    first_token_ids: tuple[int, ...] = ()
+    first_logprobs: tuple[TokenLogprob, ...] | None = None
+    ctx_request_id: str | None = None
+    opaque_state: bytes | None = None
+    kv_payload: object = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    images: tuple[ImageInput, ...] = ()
+    disagg: DisaggParams | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), best first
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Per-request engine timings in seconds, sent with the final event."""
+
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """New tokens since the previous event; the last event has finish_reason and usage set."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    # Only on the first event when prompt_logprobs was asked: one entry per prompt token after
+    # the first (the first prompt token has no logprob).
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """What a context-only phase hands back to the decode side."""
+
+    request_id: str
+    first_token_ids: tuple[int, ...]
+    first_logprobs: tuple[TokenLogprob, ...] | None
+    prompt_tokens: int
+    cached_tokens: int
+    opaque_state: bytes  # engine-specific; base64 on the wire when JSON-carried
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHealth:
+    state: EngineState
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # fraction of KV blocks in use, 0..1
+    # Cumulative counters, read by the metrics collector.
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    detail: str = ""
+
+
+class EngineError(Exception):
+    """Base of every error an engine raises; app/errors.py maps them to HTTP."""
+
+
+class InvalidRequestError(EngineError):
+    """The request can never be served as asked (bad params, does not fit).
+
+    param names the request field at fault when the engine knows it (OpenAI's error.param).
+    """
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextTooLongError(InvalidRequestError):
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+            f"{max_tokens} for the completion). Please reduce the prompt or max_tokens."
+        )
+
+
+class OverloadedError(EngineError):
+    """Temporarily cannot take the request (queue full, draining)."""
+
+
+class EngineDeadError(EngineError):
+    """The engine failed and serves nothing more; health is dead."""
+
+
+class RemotePrefillFailedError(EngineError):
+    """A sibling prefill failed and local fallback was not allowed."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every engine implements. Only the lifespan calls start/stop."""
+
+    info: EngineInfo
+
+    async def start(self) -> None:
+        """Load weights and begin serving; health() is "loading" until this returns."""
+
+    async def stop(self) -> None:
+        """Abort everything in flight, join worker threads, release device memory."""
+
+    def health(self) -> EngineHealth:
+        """Cheap, non-blocking snapshot for /health and the metrics gauges."""
+        ...
+
+    def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Stream token events for one request.
+
+        The caller must close the iterator (aclosing); closing or cancelling it before the final
+        event aborts the request and frees its KV blocks within one engine step. Raises
+        EngineError subclasses, before the first event where it can.
+        """
+        ...
+
+    async def prefill(self, req: GenerateRequest) -> PrefillResult:
+        """Run the context phase only and keep its KV state for a decode sibling to take."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Idempotent; unknown ids are ignored."""
+
+
+@runtime_checkable
+class KvHandoff(Protocol):
+    """Engines whose context phase leaves KV for a sibling to pull over HTTP (the built-in one).
+
+    TensorRT-LLM moves KV itself (cache transceiver), so its adapter does not implement this.
+    """
+
+    async def pull_kv(self, ctx_request_id: str) -> bytes:
+        """The held prompt KV of a finished prefill as a kv_wire blob; frees the blocks."""
+        ...
+
+    def release_kv(self, ctx_request_id: str) -> None:
+        """Free held KV without pulling it (the decode side gave up); idempotent."""
+
+    def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
+        """Prompt tokens the local prefix cache already holds (conditional disaggregation)."""
+        ...
+
+
+@runtime_checkable
+class KvEventSource(Protocol):
+    """Engines that publish KV-cache events for KV-aware routers: the built-in one always,
+    TensorRT-LLM with --enable-kv-events. Read by /internal/v1/kv-events and --kv-events-zmq."""
+
+    kv_event_log: KvEventLog
+
+
+# The caller's Authorization header, set by the router, forwarded to sibling instances.
+CALLER_AUTHORIZATION: ContextVar[str | None] = ContextVar("caller_authorization", default=None)

@@ -1,0 +1,275 @@
+"""RemotePrefillEngine: a decode instance's engine that runs context phases on prefill siblings.
+
+generate() decides local or remote (conditional disaggregation), asks a sibling for the context
+phase over HTTP (same token ids, request id and caller auth), pulls the KV blobs when the inner
+engine is the built-in one, and continues decoding on the inner engine. A failing sibling falls
+back to local prefill unless --require-remote-prefill; cancelling the request cancels the
+sibling's work too. Sibling protocol: see routers/disagg.py (version PROTOCOL_VERSION).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, replace
+
+import httpx
+
+from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.kv_follow import KvFollower
+from trtllm_gateway.engine.protocol import (
+    CALLER_AUTHORIZATION,
+    DisaggParams,
+    Engine,
+    EngineHealth,
+    EngineInfo,
+    GenerateRequest,
+    KvHandoff,
+    PrefillResult,
+    RemotePrefillFailedError,
+    TokenEvent,
+    TokenLogprob,
+)
+from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
+from trtllm_gateway.engine.siblings import Sibling, SiblingPool, caller_headers
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+PREFIX = "/internal/v1"
+
+
+class SiblingError(Exception):
+    """A sibling failed (unreachable, timeout, non-2xx, bad payload); fall back if allowed."""
+
+
+class SiblingBusyError(SiblingError):
+    """A sibling answered 503 (full or draining): prefill locally, but it is not unhealthy."""
+
+
+class SiblingMismatchError(Exception):
+    """A sibling serves another model or KV layout: a configuration error, never a fallback."""
+
+
+class RemotePrefillEngine:
+    """Wraps the local engine; every protocol member but generate is the inner engine's."""
+
+    def __init__(
+        self,
+        inner: Engine,
+        settings: Settings,
+        stats: RemotePrefillStats,
+        transport: httpx.AsyncBaseTransport | None = None,  # tests: httpx.MockTransport
+    ) -> None:
+        self.inner = inner
+        self.settings = settings
+        self.remote_prefill_stats = stats
+        self.info: EngineInfo = inner.info
+        self.pool = SiblingPool(
+            settings.prefill_url, settings.sibling_backoff, settings.kv_routing_load_weight
+        )
+        self.pools = parse_prefill_pools(settings.prefill_pools) if settings.prefill_pools else ()
+        self.followers: list[KvFollower] = []  # KV-aware routing (docs/kv_events.md)
+        self._client: httpx.AsyncClient | None = None
+        self._transport = transport
+
+    @property
+    def tokenizer_dir(self) -> object:
+        return getattr(self.inner, "tokenizer_dir", None)
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(
+            timeout=self.settings.remote_prefill_timeout, transport=self._transport
+        )
+        await self.inner.start()
+        self.info = self.inner.info
+        # No caller at start-up: the checks (and the KV event followers) present our own key,
+        # which siblings share, rather than none (a 401 would mark every sibling unhealthy).
+        keys = self.settings.api_key
+        own = f"Bearer {keys[0].get_secret_value()}" if keys else None
+        token = CALLER_AUTHORIZATION.set(own)
+        try:
+            for sib in self.pool.siblings:
+                try:
+                    await self._check(sib)
+                except SiblingError as e:
+                    logger.warning("prefill sibling %s not reachable at start-up: %s", sib.url, e)
+                    self._mark(sib, healthy=False)
+        finally:
+            CALLER_AUTHORIZATION.reset(token)
+        if self.settings.kv_routing and len(self.pool.siblings) > 1:
+            headers = {"Authorization": own} if own else {}
+            for sib in self.pool.siblings:
+                self.followers.append(KvFollower(sib.url, sib.kv, self._client, headers))
+                self.followers[-1].start()
+
+    async def stop(self) -> None:
+        for follower in self.followers:
+            await follower.stop()
+        await self.inner.stop()
+        if self._client is not None:
+            await self._client.aclose()
+
+    def health(self) -> EngineHealth:
+        return self.inner.health()
+
+    async def prefill(self, req: GenerateRequest) -> PrefillResult:
+        return await self.inner.prefill(req)
+
+    def abort(self, request_id: str) -> None:
+        self.inner.abort(request_id)
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        disagg = await self._context_phase(req)
+        inner_req = req if disagg is None else replace(req, disagg=disagg)
+        stream = self.inner.generate(inner_req)
+        try:
+            async for ev in stream:
+                yield ev
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    # --- the context phase ---------------------------------------------------------------
+    async def _context_phase(self, req: GenerateRequest) -> DisaggParams | None:
+        """DisaggParams from a sibling, or None to prefill locally."""
+        uncached = len(req.prompt_token_ids)
+        if isinstance(self.inner, KvHandoff):
+            uncached -= self.inner.cached_prefix_tokens(req.prompt_token_ids)
+        if uncached < self.settings.max_local_prefill_tokens or req.images:
+            self.remote_prefill_stats.record("local_short")
+            return None
+        sib = self._choose(req.prompt_token_ids)
+        if sib is None:
+            self._fallback(req, "no healthy prefill sibling")
+            return None
+        try:
+            with self.pool.busy(sib, uncached):
+                disagg = await self._remote(sib, req)
+        except SiblingMismatchError as e:
+            self.remote_prefill_stats.record("failed")
+            raise RemotePrefillFailedError(str(e)) from None
+        except SiblingBusyError as e:
+            self._fallback(req, f"prefill sibling {sib.url} is busy: {e}")
+            return None
+        except SiblingError as e:
+            self._mark(sib, healthy=False)
+            self._fallback(req, f"prefill sibling {sib.url} failed: {e}")
+            return None
+        self.remote_prefill_stats.record("remote")
+        return disagg
+
+    def _choose(self, prompt_token_ids: tuple[int, ...]) -> Sibling | None:
+        """The prompt length's pool (--prefill-pools), then the KV-aware or least-busy pick."""
+        among = None
+        pool = pool_for(self.pools, len(prompt_token_ids))
+        if pool is not None:
+            among = [s for s in self.pool.siblings if s.url in pool.urls]
+        if self.followers:
+            return self.pool.pick_for(prompt_token_ids, among)[0]
+        return self.pool.pick(among)
+
+    def _fallback(self, req: GenerateRequest, why: str) -> None:
+        if self.settings.require_remote_prefill:
+            self.remote_prefill_stats.record("failed")
+            raise RemotePrefillFailedError(f"{why} (--require-remote-prefill is set)")
+        logger.warning("request %s: %s; prefilling locally", req.request_id, why)
+        self.remote_prefill_stats.record("local_fallback")
+
+    def _mark(self, sib: Sibling, healthy: bool) -> None:
+        self.pool.mark(sib, healthy)
+        self.remote_prefill_stats.siblings_healthy[sib.url] = healthy
+
+    async def _remote(self, sib: Sibling, req: GenerateRequest) -> DisaggParams:
+        if not sib.healthy and not await self._healthy(sib):
+            raise SiblingError("still unhealthy")
+        await self._check(sib)
+        body = {
+            "protocol_version": PROTOCOL_VERSION,
+            "request_id": req.request_id,
+            "prompt_token_ids": list(req.prompt_token_ids),
+            "sampling": asdict(req.sampling),
+        }
+        res = await self._call("POST", sib, f"{PREFIX}/prefill", json=body)
+        try:
+            data = res.json()
+            state = base64.b64decode(data["disaggregated_params"]["opaque_state"])
+            first = tuple(int(t) for t in data["first_token_ids"])
+            lps = _logprobs(data.get("first_logprobs"))
+            ctx_id = str(data["disaggregated_params"]["ctx_request_id"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise SiblingError(f"bad prefill response: {e}") from None
+        kv = None
+        if isinstance(self.inner, KvHandoff):
+            kv = await self._pull(sib, ctx_id)
+        self._mark(sib, healthy=True)
+        return DisaggParams("generation_only", first, lps, ctx_id, state, kv)
+
+    async def _pull(self, sib: Sibling, ctx_id: str) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            res = await self._call("GET", sib, f"{PREFIX}/kv/{ctx_id}")
+        except asyncio.CancelledError:
+            await self._release(sib, ctx_id)
+            raise
+        blob = res.content
+        self.remote_prefill_stats.observe_transfer(len(blob), time.perf_counter() - t0)
+        return blob
+
+    async def _release(self, sib: Sibling, ctx_id: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            assert self._client is not None
+            await asyncio.shield(
+                self._client.delete(f"{sib.url}{PREFIX}/kv/{ctx_id}", headers=caller_headers())
+            )
+
+    async def _check(self, sib: Sibling) -> None:
+        """Refuse a sibling that serves another model or KV layout (once per sibling)."""
+        if sib.checked:
+            return
+        info = (await self._call("GET", sib, f"{PREFIX}/info")).json()
+        ours = self.inner.info
+        theirs = (info.get("model"), info.get("kv_layout"), info.get("protocol_version"))
+        if theirs != (ours.model_id, ours.kv_layout, PROTOCOL_VERSION):
+            raise SiblingMismatchError(
+                f"prefill sibling {sib.url} is incompatible: it serves model {theirs[0]!r} with "
+                f"KV layout {theirs[1]!r} (protocol {theirs[2]}), this instance serves "
+                f"{ours.model_id!r} with {ours.kv_layout!r} (protocol {PROTOCOL_VERSION})"
+            )
+        sib.checked = True
+
+    async def _healthy(self, sib: Sibling) -> bool:
+        try:
+            assert self._client is not None
+            return (await self._client.get(f"{sib.url}/health", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def _call(
+        self, method: str, sib: Sibling, path: str, json: object | None = None
+    ) -> httpx.Response:
+        assert self._client is not None
+        url = f"{sib.url}{path}"
+        try:
+            res = await self._client.request(method, url, headers=caller_headers(), json=json)
+        except httpx.HTTPError as e:
+            raise SiblingError(f"{type(e).__name__}: {e}") from None
+        if res.status_code != 200:
+            error = SiblingBusyError if res.status_code == 503 else SiblingError
+            raise error(f"{method} {path} answered {res.status_code}: {res.text[:200]}")
+        return res
+
+
+def _logprobs(raw: object) -> tuple[TokenLogprob, ...] | None:
+    if not isinstance(raw, list):
+        return None
+    return tuple(
+        TokenLogprob(
+            int(e["token_id"]), float(e["logprob"]), tuple((int(t), float(v)) for t, v in e["top"])
+        )
+        for e in raw
+    )

@@ -1,0 +1,384 @@
+"""TrtllmEngine: the Engine protocol over TensorRT-LLM's in-process LLM API (PyTorch backend).
+
+Requests go in as token ids (`detokenize=False`); engine/tokenizer.py detokenizes and matches
+stop strings for both engines alike. `generate_async` is called on the event-loop thread, as
+TensorRT-LLM requires, and each streamed step is copied into a frozen TokenEvent before the next
+await (TensorRT-LLM mutates one result object in place). Our string `request_id` maps to the
+engine's result through `self._inflight` (inflight.py). `RequestError` fails one request; any
+other exception from TensorRT-LLM marks the engine dead (health 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from trtllm_gateway.config.engine_args import resolve_trtllm_args
+from trtllm_gateway.config.settings import DEFAULT_MODEL, Settings
+from trtllm_gateway.config.trtllm_schema import validated_against
+from trtllm_gateway.engine.kv_events import KvEventLog
+from trtllm_gateway.engine.model_source import model_display_name, resolve_model
+from trtllm_gateway.engine.protocol import (
+    EngineDeadError,
+    EngineError,
+    EngineHealth,
+    EngineInfo,
+    EngineState,
+    GenerateRequest,
+    InvalidRequestError,
+    PrefillResult,
+    Timings,
+    TokenEvent,
+)
+from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.engine.trtllm import disagg
+from trtllm_gateway.engine.trtllm.inflight import InFlight
+from trtllm_gateway.engine.trtllm.kv_events import start_kv_feed
+from trtllm_gateway.engine.trtllm.limits import check_request
+from trtllm_gateway.engine.trtllm.llm_args import create_llm_kwargs, select_llm_class
+from trtllm_gateway.engine.trtllm.loader import (
+    import_llmapi,
+    import_trtllm,
+    refuse_unsupported,
+    set_trtllm_log_level,
+)
+from trtllm_gateway.engine.trtllm.model_info import read_engine_info
+from trtllm_gateway.engine.trtllm.multimodal import text_prompt
+from trtllm_gateway.engine.trtllm.outputs import map_logprobs, step_event
+from trtllm_gateway.engine.trtllm.sampling import to_trtllm_sampling
+from trtllm_gateway.engine.trtllm.stats import StatsPoller
+
+logger = logging.getLogger(__name__)
+
+
+class TrtllmRequestError(EngineError):
+    """TensorRT-LLM failed this one request (its RequestError); the engine keeps serving."""
+
+
+class TrtllmEngine:
+    """Engine protocol over `tensorrt_llm.LLM` (aggregated, prefill or decode mode)."""
+
+    def __init__(self, settings: Settings) -> None:
+        """Check the install and the engine args; load nothing yet (start() does).
+
+        Raises TrtllmNotInstalledError (one line: how to get TensorRT-LLM) or EngineArgsError
+        (file, key and reason), so a bad start-up never shows a traceback. `--model default`
+        or a .gguf file is converted to an HF checkpoint in start() (engine.model_source).
+        """
+        refuse_unsupported(settings)
+        self._trt = import_trtllm()
+        self._llmapi = import_llmapi()
+        set_trtllm_log_level(settings.log_level)
+        self._request_error: type[BaseException] = self._llmapi.RequestError
+        self._settings = settings
+        self._args = resolve_trtllm_args(settings)
+        logger.info("TensorRT-LLM args validated against %s", validated_against(self._args))
+        self._model = str(self._args.get("model") or settings.model)
+        self.tokenizer_dir = Path(str(self._args.get("tokenizer") or self._model))
+        self.info: EngineInfo = self._read_info()
+        self._llm: Any = None
+        self._state: EngineState = "loading"
+        self._detail = ""
+        self._inflight = InFlight()
+        self._stats: StatsPoller | None = None
+        self._text_tokenizer: Tokenizer | None = None
+        # KvEventSource: TensorRT-LLM's KV events, converted by engine/trtllm/kv_events.py
+        self.kv_event_log = KvEventLog(block_size=0, enabled=False)
+        self._kv_feed: asyncio.Task[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Build the LLM (blocking: weights, autotune, CUDA graphs) and start the stats pollers.
+
+        Built on the event-loop thread before serving begins, as trtllm-serve does.
+        Raises EngineDeadError if TensorRT-LLM cannot start.
+        """
+        try:
+            if _needs_conversion(self._model):
+                await self._convert_model()
+            self._llm = self._create_llm()
+        except Exception as exc:
+            self._mark_dead(exc)
+            raise EngineDeadError(f"TensorRT-LLM failed to start: {exc}") from exc
+        self._fill_eos_from_tokenizer()
+        kv_events = bool(self._args.get("kv_cache_config", {}).get("event_buffer_max_size"))
+        self._stats = StatsPoller(self._llm, kv_events=kv_events)
+        self._stats.start()
+        if kv_events:
+            self.kv_event_log.enabled = True
+            self._kv_feed = start_kv_feed(self.kv_event_log, self.kv_events())
+        self._state = "ready"
+        logger.info("TensorRT-LLM engine ready: %s (%s mode)", self._model, self._settings.mode)
+
+    async def stop(self) -> None:
+        """Abort everything in flight, stop the pollers, shut TensorRT-LLM down (its workers)."""
+        self._state = "draining"
+        self._inflight.abort_all()  # quiet when the executor is gone already (dead worker)
+        if self._kv_feed is not None:
+            self._kv_feed.cancel()
+        if self._stats is not None:
+            await self._stats.stop()
+        await self._inflight.wait_drained()
+        if self._llm is not None:
+            await asyncio.to_thread(self._llm.shutdown)
+            self._llm = None
+        self._state = "dead"
+        self._detail = "stopped"
+
+    def health(self) -> EngineHealth:
+        """Cheap snapshot from the last iteration stats (see engine.trtllm.stats)."""
+        snap = self._stats.snapshot if self._stats is not None else None
+        if snap is None:
+            return EngineHealth(state=self._state, running=len(self._inflight), detail=self._detail)
+        return EngineHealth(
+            state=self._state,
+            running=max(snap.running, len(self._inflight)),
+            waiting=snap.waiting,
+            kv_usage=snap.kv_usage,
+            prefix_cache_queries=snap.prefix_cache_queries,
+            prefix_cache_hits=snap.prefix_cache_hits,
+            detail=self._detail,
+        )
+
+    # -- requests ---------------------------------------------------------------------------
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Stream TokenEvents; closing or cancelling the iterator aborts the request.
+
+        With req.disagg (generation_only), the KV cache comes from the prefill sibling named in
+        its opaque state and the first event repeats the sibling's first token(s).
+        """
+        self._require_ready()
+        check_request(req, self.info, self._args)
+        state = None
+        if req.disagg is not None and req.disagg.request_type == "generation_only":
+            state = disagg.unpack_context(req.disagg)
+            if state.finish_reason not in (None, "not_finished", "length"):
+                yield disagg.finished_event(req, state)  # e.g. the end id came first
+                return
+        sp = self._sampling(req)
+        params = disagg.to_generation_only(self._llmapi, state) if state else None
+        lead = len(state.first_gen_tokens) if state else 0
+        lead_lps = (req.disagg.first_logprobs or ()) if req.disagg is not None else ()
+        result = self._submit(req, sp, streaming=True, params=params)
+        finished = False
+        started = time.monotonic()
+        first_token_at: float | None = None
+        try:
+            first = True
+            async for step in result:
+                event = step_event(
+                    step,
+                    prompt_tokens=len(req.prompt_token_ids),
+                    logprobs_k=req.sampling.logprobs,
+                    prompt_logprobs_k=req.sampling.prompt_logprobs,
+                    first=first,
+                    lead_tokens=lead if first else 0,
+                    lead_logprobs=lead_lps,
+                    end_id=sp.end_id,
+                )
+                if event is None:
+                    continue
+                first = False
+                if first_token_at is None and event.token_ids:
+                    first_token_at = time.monotonic()
+                if event.finish_reason is not None:
+                    finished = True
+                    event = dataclasses.replace(event, timings=_timings(started, first_token_at))
+                yield event
+                if finished:
+                    return
+        except self._request_error as exc:
+            finished = True
+            raise TrtllmRequestError(str(exc)) from None
+        except (EngineError, asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            finished = True
+            self._mark_dead(exc)
+            raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
+        finally:
+            self._release(req.request_id, result, finished)
+
+    async def prefill(self, req: GenerateRequest) -> PrefillResult:
+        """Context-only phase (max_tokens forced to 1 on a fresh SamplingParams). The result's
+        opaque_state is engine.trtllm.disagg JSON bytes; cancelling aborts the request.
+        """
+        self._require_ready()
+        if self._args.get("cache_transceiver_config") is None:
+            raise InvalidRequestError("this instance has no KV cache transceiver (--mode prefill)")
+        check_request(req, self.info, self._args)
+        sp = self._sampling(req, max_tokens=1)
+        params = disagg.to_context_only(self._llmapi, req.disagg)
+        result = self._submit(req, sp, streaming=False, params=params)
+        out = await self._await_result(req.request_id, result)
+        comp = out.outputs[0]
+        ctx = comp.disaggregated_params or self._llmapi.DisaggregatedParams(
+            request_type="context_only",
+            first_gen_tokens=list(comp.token_ids),
+            ctx_request_id=out.request_id,
+        )
+        first_ids = tuple(int(t) for t in (ctx.first_gen_tokens or comp.token_ids))
+        k = req.sampling.logprobs
+        return PrefillResult(
+            request_id=req.request_id,
+            first_token_ids=first_ids,
+            first_logprobs=map_logprobs(comp.logprobs, first_ids, k) if k is not None else None,
+            prompt_tokens=len(req.prompt_token_ids),
+            cached_tokens=int(getattr(out, "cached_tokens", 0) or 0),
+            opaque_state=disagg.pack_context(ctx, comp.finish_reason),
+        )
+
+    def abort(self, request_id: str) -> None:
+        """Idempotent: ask TensorRT-LLM to cancel; the stream then ends with 'abort'.
+
+        Never raises: after stop() TensorRT-LLM's executor is gone and stop() aborted it all.
+        """
+        if self._llm is not None:
+            self._inflight.abort(request_id)
+
+    async def kv_events(self) -> AsyncIterator[dict[str, Any]]:
+        """KV-cache events (TensorRT-LLM's dicts) for KV-aware routers; needs --enable-kv-events."""
+        if self._stats is None:
+            return
+        async for event in self._stats.kv_events():
+            yield event
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _read_info(self) -> EngineInfo:
+        # max_batch_size from the layered args: a YAML or --override may change the flag's value.
+        batch = int(self._args.get("max_batch_size") or 0)
+        if _needs_conversion(self._model):  # known after start() converts it
+            return EngineInfo(
+                model_id=self._model,
+                max_model_len=0,
+                vocab_size=0,
+                eos_token_ids=(),
+                mode=self._settings.mode,
+                engine="trtllm",
+                max_batch_size=batch,
+            )
+        info = read_engine_info(
+            self._model,
+            served_name=self._settings.served_model_name,
+            mode=self._settings.mode,
+            max_seq_len=self._args.get("max_seq_len"),
+            trust_remote_code=bool(self._args.get("trust_remote_code")),
+            kv_cache=self._args.get("kv_cache_config"),
+        )
+        return dataclasses.replace(info, max_batch_size=batch)
+
+    async def _convert_model(self) -> None:
+        """'default' or a .gguf file: TensorRT-LLM reads HF checkpoints, so convert (cached)."""
+        path = await asyncio.to_thread(resolve_model, self._model, self._settings.cache_dir)
+        served = self._settings.served_model_name or model_display_name(self._model, path)
+        self._model = str(path)
+        self._args = {**self._args, "model": self._model}
+        if not self._args.get("tokenizer"):
+            self.tokenizer_dir = path
+        self.info = dataclasses.replace(self._read_info(), model_id=served)
+
+    def _create_llm(self) -> Any:
+        backend, kwargs = create_llm_kwargs(self._llmapi, self._args)
+        return select_llm_class(backend)(**kwargs)
+
+    def _submit(self, req: GenerateRequest, sp: Any, *, streaming: bool, params: Any) -> Any:
+        if req.request_id in self._inflight:
+            raise InvalidRequestError(f"request_id {req.request_id!r} is already running")
+        inputs: dict[str, Any] = {"prompt_token_ids": list(req.prompt_token_ids)}
+        if req.images:
+            inputs = self._mm_inputs(req)
+            sp.add_special_tokens = False  # the decoded prompt already has them
+        try:
+            result = self._llm.generate_async(
+                inputs, sampling_params=sp, streaming=streaming, disaggregated_params=params
+            )
+        except self._request_error as exc:
+            raise TrtllmRequestError(str(exc)) from None
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequestError(str(exc)) from None
+        except Exception as exc:
+            self._mark_dead(exc)
+            raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
+        logger.debug("request %s is TensorRT-LLM request %s", req.request_id, result.request_id)
+        self._inflight.add(req.request_id, result)
+        if self._stats is not None:
+            self._stats.request_submitted()
+        return result
+
+    async def _await_result(self, request_id: str, result: Any) -> Any:
+        done = False
+        try:
+            out = await result
+            done = True
+            return out
+        except self._request_error as exc:
+            done = True
+            raise TrtllmRequestError(str(exc)) from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            done = True
+            self._mark_dead(exc)
+            raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
+        finally:
+            self._release(request_id, result, done)
+
+    def _mm_inputs(self, req: GenerateRequest) -> dict[str, Any]:
+        """TextPrompt with the images (engine.trtllm.multimodal); the tokenizer loads once."""
+        if self._text_tokenizer is None:
+            self._text_tokenizer = Tokenizer.from_dir(self.tokenizer_dir)
+        return text_prompt(
+            req.prompt_token_ids, [i.payload for i in req.images], self._text_tokenizer
+        )
+
+    def _release(self, request_id: str, result: Any, finished: bool) -> None:
+        """Forget a request; one given up early is aborted and drained unless stop() already
+        shut TensorRT-LLM down (it aborted everything first)."""
+        self._inflight.release(request_id, result, finished=finished, alive=self._llm is not None)
+
+    def _require_ready(self) -> None:
+        if self._state != "ready" or self._llm is None:
+            raise EngineDeadError(f"TensorRT-LLM engine is {self._state}: {self._detail}".rstrip())
+
+    def _sampling(self, req: GenerateRequest, max_tokens: int | None = None) -> Any:
+        end_id = self._end_id()
+        return to_trtllm_sampling(
+            self._trt,
+            req.sampling,
+            end_id=end_id,
+            hidden_stop_ids=self.info.eos_token_ids[1:],
+            max_tokens=max_tokens,
+            vocab_size=self.info.vocab_size,
+            guided_backend=self._args.get("guided_decoding_backend"),
+        )
+
+    def _end_id(self) -> int:
+        if not self.info.eos_token_ids:
+            raise InvalidRequestError("the model has no end-of-sequence token id")
+        return self.info.eos_token_ids[0]
+
+    def _fill_eos_from_tokenizer(self) -> None:
+        tokenizer = getattr(self._llm, "tokenizer", None)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if not self.info.eos_token_ids and isinstance(eos, int):
+            self.info = dataclasses.replace(self.info, eos_token_ids=(eos,))
+
+    def _mark_dead(self, exc: BaseException) -> None:
+        logger.error("TensorRT-LLM engine is dead: %r", exc)
+        self._state = "dead"
+        self._detail = f"{type(exc).__name__}: {exc}"
+
+
+def _needs_conversion(model: str) -> bool:
+    return model == DEFAULT_MODEL or model.endswith(".gguf")
+
+
+def _timings(started: float, first_token_at: float | None) -> Timings:
+    now = time.monotonic()
+    first = first_token_at if first_token_at is not None else now
+    return Timings(queue_s=0.0, prefill_s=first - started, decode_s=now - first)

@@ -1,0 +1,73 @@
+"""Merged LLM args (a plain dict) -> the LLM class and its keyword arguments.
+
+The dict comes from config.engine_args (already layered and validated). Here the documented
+config objects are built explicitly (SchedulerConfig, and DynamicBatchConfig with all three
+fields when a YAML gives one: only the TensorRT backend reads it; KvCacheConfig,
+CudaGraphConfig, CacheTransceiverConfig) and the backend picks the LLM class.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from trtllm_gateway.config.trtllm_schema import AUTODEPLOY_UNSUPPORTED
+
+logger = logging.getLogger(__name__)
+
+
+def prune_for_autodeploy(args: dict[str, Any]) -> dict[str, Any]:
+    """A copy without the args AutoDeploy rejects; one warning per removed field."""
+    pruned = dict(args)
+    for name in AUTODEPLOY_UNSUPPORTED:
+        if pruned.pop(name, None) is not None:
+            logger.warning("`%s` cannot be used with the autodeploy backend; ignoring it", name)
+    return pruned
+
+
+def select_llm_class(backend: str) -> Any:
+    """`tensorrt_llm.LLM` for pytorch, the AutoDeploy LLM for autodeploy."""
+    if backend in ("autodeploy", "_autodeploy"):
+        return importlib.import_module("tensorrt_llm._torch.auto_deploy").LLM
+    return importlib.import_module("tensorrt_llm").LLM
+
+
+def create_llm_kwargs(llmapi: Any, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(backend, kwargs for the LLM class) from validated merged args; args is not modified."""
+    kwargs = dict(args)
+    backend = str(kwargs.pop("backend", None) or "pytorch")
+    if backend in ("autodeploy", "_autodeploy"):
+        kwargs = prune_for_autodeploy(kwargs)
+    _build_objects(llmapi, kwargs)
+    return backend, kwargs
+
+
+def _build_objects(llmapi: Any, kwargs: dict[str, Any]) -> None:
+    sched = kwargs.get("scheduler_config")
+    if isinstance(sched, dict):
+        sched = dict(sched)
+        dyn = sched.pop("dynamic_batch_config", None)
+        policy = sched.pop("capacity_scheduler_policy", "GUARANTEED_NO_EVICT")
+        kwargs["scheduler_config"] = llmapi.SchedulerConfig(
+            capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(policy),
+            dynamic_batch_config=(
+                llmapi.DynamicBatchConfig(
+                    enable_batch_size_tuning=dyn["enable_batch_size_tuning"],
+                    enable_max_num_tokens_tuning=dyn["enable_max_num_tokens_tuning"],
+                    dynamic_batch_moving_average_window=dyn["dynamic_batch_moving_average_window"],
+                )
+                if dyn is not None
+                else None
+            ),
+            **sched,
+        )
+    for key, cls_name in (
+        ("kv_cache_config", "KvCacheConfig"),
+        ("cuda_graph_config", "CudaGraphConfig"),
+        ("cache_transceiver_config", "CacheTransceiverConfig"),
+    ):
+        value = kwargs.get(key)
+        if isinstance(value, dict):
+            kwargs[key] = getattr(llmapi, cls_name)(**value)
+    # Other nested dicts (speculative_config, moe_config, ...) are coerced by TensorRT-LLM.

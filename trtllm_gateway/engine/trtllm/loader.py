@@ -1,0 +1,87 @@
+"""Lazy, checked import of `tensorrt_llm`: the one place that knows how to get it."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from types import ModuleType
+
+from trtllm_gateway.config.engine_args import resolve_trtllm_args
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.protocol import EngineError
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "--engine trtllm needs TensorRT-LLM 1.2, but `import tensorrt_llm` failed ({reason}). "
+    "Run inside the NGC image nvcr.io/nvidia/tensorrt-llm/release:1.2.0 (the Dockerfile's "
+    "`trtllm` target), or install the extra on a Linux CUDA 13 host: "
+    "pip install 'trtllm-gateway[trtllm]' --extra-index-url https://pypi.nvidia.com"
+)
+
+
+class TrtllmNotInstalledError(EngineError):
+    """tensorrt_llm cannot be imported; str() is the one-line install hint."""
+
+
+def import_trtllm() -> ModuleType:
+    """Import and return `tensorrt_llm`; TrtllmNotInstalledError with the install hint if absent.
+
+    Only ImportError is translated: a broken installation that raises something else is a bug
+    the operator must see in full.
+    """
+    try:
+        return importlib.import_module("tensorrt_llm")
+    except ImportError as exc:
+        raise TrtllmNotInstalledError(INSTALL_HINT.format(reason=exc)) from None
+
+
+def import_llmapi() -> ModuleType:
+    """`tensorrt_llm.llmapi` (configs, RequestError, DisaggregatedParams); after import_trtllm."""
+    import_trtllm()
+    return importlib.import_module("tensorrt_llm.llmapi")
+
+
+class TrtllmUnsupportedError(EngineError):
+    """A flag combination the TensorRT-LLM adapter refuses at start-up; str() is one line."""
+
+
+def refuse_unsupported(settings: Settings) -> None:
+    """Refuse what --engine trtllm does not do, before anything loads.
+
+    Encode mode (EPD) is built-in only: TensorRT-LLM's MultimodalEncoder hands out CUDA IPC
+    embedding handles that only a prefill worker on the same node can open, and the adapter
+    does not carry them (docs/trtllm.md).
+    """
+    if settings.mode == "encode":
+        raise TrtllmUnsupportedError(
+            "--mode encode is built-in only; run the encode instance with --engine builtin"
+        )
+    if settings.encode_url:
+        raise TrtllmUnsupportedError(
+            "--encode-url is built-in only; --engine trtllm encodes images itself"
+        )
+
+
+_TRTLLM_LEVELS = {"debug": "debug", "info": "info", "warning": "warning", "error": "error"}
+
+
+def set_trtllm_log_level(level: str) -> None:
+    """--log-level for TensorRT-LLM's own logger, and (via TLLM_LOG_LEVEL) its workers."""
+    name = _TRTLLM_LEVELS.get(level, "info")
+    os.environ.setdefault("TLLM_LOG_LEVEL", name.upper())
+    try:
+        importlib.import_module("tensorrt_llm.logger").logger.set_level(name)
+    except (ImportError, AttributeError) as exc:
+        logger.warning("cannot set TensorRT-LLM's log level: %r", exc)
+
+
+def preflight(settings: Settings) -> None:
+    """What TrtllmEngine() checks, run by the CLI before the server starts (one-line errors).
+
+    Raises TrtllmUnsupportedError, TrtllmNotInstalledError or config's EngineArgsError.
+    """
+    refuse_unsupported(settings)
+    import_trtllm()
+    resolve_trtllm_args(settings)

@@ -1,0 +1,225 @@
+"""load_chat_images: the entry point routers call to turn chat `image_url` parts into ImageInputs.
+
+Every image of a request loads concurrently in one TaskGroup: the first failure cancels the rest,
+and cancelling the caller cancels them all (blocking work runs in asyncio.to_thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from PIL import Image
+
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.protocol import ImageInput
+from trtllm_gateway.multimodal.cache import MediaCache
+from trtllm_gateway.multimodal.dataurl import decode_data_url, is_data_url
+from trtllm_gateway.multimodal.errors import (
+    MediaError,
+    MediaRejectedError,
+    MediaTimeoutError,
+    MediaUpstreamError,
+)
+from trtllm_gateway.multimodal.fetch import FetchLimits, fetch_url
+from trtllm_gateway.multimodal.images import decode_image, hash_image_bytes, rgb_nbytes
+from trtllm_gateway.multimodal.localfile import (
+    is_local_reference,
+    read_local_file,
+    resolve_local_path,
+)
+from trtllm_gateway.multimodal.metrics import MediaMetrics, Outcome, Source
+from trtllm_gateway.multimodal.ssrf import EgressPolicy
+
+IMAGE_NAMESPACE = "image/rgb"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """One image_url part and where it sits in the request."""
+
+    message_index: int
+    part_index: int
+    url: object
+
+    @property
+    def param(self) -> str:
+        return f"messages[{self.message_index}].content[{self.part_index}].image_url"
+
+
+def iter_image_refs(messages: Sequence[Mapping[str, Any]]) -> Iterator[ImageRef]:
+    """image_url parts in request order; accepts {"url": ...} objects and the bare-string form."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            # A programming error (e.g. pydantic models passed un-dumped), not a client one.
+            raise TypeError(f"messages[{i}] must be a mapping, got {type(message).__name__}")
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, Mapping) and part.get("type") == "image_url":
+                image_url = part.get("image_url")
+                url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
+                yield ImageRef(i, j, url)
+
+
+def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
+    """How many images a request carries, without fetching (text-only models refuse early)."""
+    return sum(1 for _ in iter_image_refs(messages))
+
+
+def egress_policy(settings: Settings) -> EgressPolicy:
+    return EgressPolicy(
+        allowed_domains=tuple(settings.allowed_media_domains),
+        allow_private=settings.allow_private_media_urls,
+    )
+
+
+async def load_chat_images(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    client: httpx.AsyncClient,
+    settings: Settings,
+    cache: MediaCache,
+    metrics: MediaMetrics | None = None,
+    policy: EgressPolicy | None = None,
+) -> list[ImageInput]:
+    """Load every image of a chat request, in order, as ImageInput(hash, RGB PIL image).
+
+    Raises MediaError with param "messages[i].content[j].image_url" (400, 502 or 504); the
+    returned images are shared with the cache and must not be mutated.
+    """
+    refs = list(iter_image_refs(messages))
+    limit = settings.max_images_per_request
+    if len(refs) > limit:
+        raise MediaRejectedError(
+            f"at most {limit} images are allowed per request, got {len(refs)}",
+            code="too_many_images",
+            param=refs[limit].param,
+        )
+    if not refs:
+        return []
+    loader = _Loader(
+        client, settings, cache, metrics or MediaMetrics(), policy or egress_policy(settings)
+    )
+    if len(refs) == 1:
+        return [await loader.load(refs[0])]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(loader.load(ref)) for ref in refs]
+    except BaseExceptionGroup as eg:
+        raise _first_media_error(eg, refs) from None
+    return [task.result() for task in tasks]
+
+
+def _first_media_error(
+    eg: BaseExceptionGroup[BaseException], refs: list[ImageRef]
+) -> BaseException:
+    """The failure of the earliest image, so the error names a stable param."""
+    order = {ref.param: k for k, ref in enumerate(refs)}
+    media, rest = eg.split(MediaError)
+    if rest is not None or media is None:
+        return eg
+    errors = [e for e in media.exceptions if isinstance(e, MediaError)]
+    return min(errors, key=lambda e: order.get(e.param or "", len(order)))
+
+
+@dataclass(slots=True)
+class _Loader:
+    client: httpx.AsyncClient
+    settings: Settings
+    cache: MediaCache
+    metrics: MediaMetrics
+    policy: EgressPolicy
+
+    async def load(self, ref: ImageRef) -> ImageInput:
+        source: Source = "other"
+        outcome: Outcome = "cancelled"
+        nbytes = 0
+        try:
+            if not isinstance(ref.url, str) or not ref.url:
+                raise MediaRejectedError("image_url.url must be a non-empty string")
+            source = _source_of(ref.url)
+            data = await self._read(ref.url, source)
+            nbytes = len(data)
+            image = await self._decode(data)
+            outcome = "ok"
+            return image
+        except MediaError as exc:
+            outcome = _outcome_of(exc)
+            exc.param = ref.param
+            raise
+        finally:
+            self.metrics.record(source, outcome, nbytes)
+
+    async def _read(self, url: str, source: Source) -> bytes:
+        settings = self.settings
+        if source == "data":
+            return await asyncio.to_thread(decode_data_url, url, max_bytes=settings.max_image_bytes)
+        if source == "http":
+            limits = FetchLimits(
+                max_bytes=settings.max_image_bytes,
+                timeout=settings.media_fetch_timeout,
+                max_redirects=settings.max_redirects,
+            )
+            return await fetch_url(url, client=self.client, policy=self.policy, limits=limits)
+        if source == "file":
+            return await self._read_file(url)
+        raise MediaRejectedError(
+            "unsupported image URL: use http(s), a base64 data: URL or an allowed local file",
+            code="invalid_image_url",
+        )
+
+    async def _read_file(self, url: str) -> bytes:
+        base = self.settings.allowed_local_media_path
+        if base is None:
+            raise MediaRejectedError(
+                "local image files are not enabled on this server", code="invalid_image_url"
+            )
+        try:
+            async with asyncio.timeout(self.settings.media_fetch_timeout):
+                return await asyncio.to_thread(_read_confined, url, base, self.settings)
+        except TimeoutError:
+            raise MediaTimeoutError("reading the local image file timed out") from None
+
+    async def _decode(self, data: bytes) -> ImageInput:
+        image_hash = await asyncio.to_thread(hash_image_bytes, data)
+        cached = self.cache.get(IMAGE_NAMESPACE, image_hash)
+        if isinstance(cached, Image.Image):
+            self.metrics.cache_hits += 1
+            return ImageInput(hash=image_hash, payload=cached)
+        self.metrics.cache_misses += 1
+        image = await asyncio.to_thread(
+            decode_image, data, max_pixels=self.settings.max_image_pixels
+        )
+        self.metrics.images_decoded += 1
+        self.cache.put(IMAGE_NAMESPACE, image_hash, image, rgb_nbytes(image))
+        return ImageInput(hash=image_hash, payload=image)
+
+
+def _read_confined(url: str, base: Path, settings: Settings) -> bytes:
+    path = resolve_local_path(url, base)
+    return read_local_file(path, base, max_bytes=settings.max_image_bytes)
+
+
+def _source_of(url: str) -> Source:
+    if is_data_url(url):
+        return "data"
+    scheme = url.partition(":")[0].lower() if ":" in url else ""
+    if scheme in ("http", "https"):
+        return "http"
+    if is_local_reference(url):
+        return "file"
+    return "other"
+
+
+def _outcome_of(exc: MediaError) -> Outcome:
+    if isinstance(exc, MediaTimeoutError):
+        return "timeout"
+    if isinstance(exc, MediaUpstreamError):
+        return "upstream_error"
+    return "rejected"

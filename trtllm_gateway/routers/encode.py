@@ -1,0 +1,28 @@
+"""POST /internal/v1/encode: an encode instance (EPD) embeds a sibling's images.
+
+Body: embed_wire "pixels" frames (uint8 RGB, one per image, with its hash). Answer: one
+"embeds" frame per image, in order, streamed as application/x-trtllm-gateway-embeds. A
+disconnecting client cancels the work. 404 on instances that do not encode.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from trtllm_gateway.app.cancel import cancel_on_disconnect
+from trtllm_gateway.app.deps import ServingDep
+from trtllm_gateway.app.errors import NotFoundError
+from trtllm_gateway.engine.embed_wire import CONTENT_TYPE, ImageEncoding
+
+router = APIRouter(prefix="/internal/v1", tags=["encode"], include_in_schema=False)
+
+
+@router.post("/encode")
+async def encode(request: Request, serving: ServingDep) -> Response:
+    engine = serving.engine
+    if not isinstance(engine, ImageEncoding):
+        raise NotFoundError("This instance does not encode images (start one with --mode encode).")
+    body = await request.body()
+    frames = await cancel_on_disconnect(request.receive, engine.encode_images(body))
+    return StreamingResponse(iter(frames), media_type=CONTENT_TYPE)

@@ -1,0 +1,101 @@
+"""Router-facing endpoints: the engine's KV-cache events and its load (behind the API keys).
+
+GET /internal/v1/kv-events?after=N   NDJSON, one JSON object a line: first a Hello (instance,
+                                     block size, blocks, next id), a Resync when events after
+                                     N were already dropped, then every event with id > N
+                                     (engine/kv_events.py's fields), Heartbeat lines while
+                                     idle. follow=false ends after the backlog. Resume with
+                                     after=<last event_id seen> (or Last-Event-ID).
+GET /internal/v1/load                running, waiting, KV usage and blocks, admission
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import StreamingResponse
+
+from trtllm_gateway.app.deps import ServingDep, StateDep
+from trtllm_gateway.app.errors import NotFoundError
+from trtllm_gateway.engine.kv_events import KvEventLog, event_json
+from trtllm_gateway.engine.protocol import KvEventSource
+
+PREFIX = "/internal/v1"
+CHUNK_EVENTS = 1000
+
+router = APIRouter(prefix=PREFIX, tags=["kv-routing"], include_in_schema=False)
+
+
+def _log(serving: ServingDep) -> KvEventLog:
+    if not isinstance(serving.engine, KvEventSource) or not serving.engine.kv_event_log.enabled:
+        raise NotFoundError(
+            "this engine publishes no KV events (TensorRT-LLM needs --enable-kv-events)"
+        )
+    return serving.engine.kv_event_log
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+@router.get("/kv-events")
+async def kv_events(
+    serving: ServingDep,
+    state: StateDep,
+    after: Annotated[int, Query(ge=-1)] = -1,
+    follow: bool = True,
+    heartbeat: Annotated[float, Query(gt=0, le=60)] = 5.0,
+    last_event_id: Annotated[int | None, Header(ge=-1)] = None,
+) -> StreamingResponse:
+    log = _log(serving)
+    start = after if last_event_id is None else max(after, last_event_id)
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield _line(
+            {
+                "type": "Hello",
+                "instance": log.instance,
+                "block_size": log.block_size,
+                "num_blocks": log.num_blocks,
+                "next_id": log.next_id,
+            }
+        )
+        cursor = start
+        while True:
+            records, lost = log.since(cursor)
+            if lost:
+                yield _line({"type": "Resync"})  # drop what you knew of this instance
+            if records:
+                for i in range(0, len(records), CHUNK_EVENTS):  # a long backlog in pieces
+                    yield b"".join(_line(event_json(r)) for r in records[i : i + CHUNK_EVENTS])
+                cursor = records[-1].event_id
+            elif not follow:
+                return
+            elif state.health().state != "ready":
+                return  # draining: let the server stop
+            else:
+                await log.wait(cursor, heartbeat)
+                if log.next_id <= cursor + 1:
+                    yield _line({"type": "Heartbeat", "next_id": log.next_id})
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.get("/load")
+async def load(serving: ServingDep, state: StateDep) -> dict[str, Any]:
+    health = state.health()
+    engine = serving.engine
+    blocks = engine.kv_event_log.num_blocks if isinstance(engine, KvEventSource) else 0
+    return {
+        "state": health.state,
+        "running": health.running,
+        "waiting": health.waiting,
+        "kv_usage": health.kv_usage,
+        "kv_blocks_total": blocks,
+        "kv_blocks_used": round(health.kv_usage * blocks),
+        "in_flight": serving.admission.in_flight,
+        "queued": serving.admission.queued,
+    }
