@@ -11,8 +11,8 @@ STAGES=${STAGES:-8b hf 135m}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-M8=config/models/llama-3.1-8b.json
-M135=config/models/smollm2-135m.json
+M8=trtllm_gateway/config/models/llama-3.1-8b.json
+M135=trtllm_gateway/config/models/smollm2-135m.json
 TOK=${TOK:-.carry}  # a tokenizer.json directory for the 135M server
 COMMON="--load-format dummy --max-model-len 2304 --max-num-tokens 8192 --input-len 1024 --output-len 1024"
 {
