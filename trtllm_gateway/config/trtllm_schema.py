@@ -6,8 +6,9 @@ key must be one of its fields, and each value is validated against that field's 
 model-level validators are not run here: they need a GPU (dtype) and load the tokenizer, and
 run anyway when the LLM is built. Without tensorrt_llm (CPU CI, `config check` on a laptop) the
 hand-written strict schema below is the fallback; it mirrors 1.2's TorchLlmArgs (checked against
-llm_args.py and Dynamo's 1.2 configs), and is stricter about types (no "8" for 8). Either way
-errors are pydantic error dicts; config.engine_args turns them into one-line messages.
+NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py and Dynamo's 1.2 configs), and is stricter
+about types (no "8" for 8). Either way errors are pydantic error dicts; config.engine_args turns
+them into one-line messages.
 """
 
 from __future__ import annotations

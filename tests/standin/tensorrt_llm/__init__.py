@@ -1,6 +1,7 @@
 """Stand-in for `tensorrt_llm` 1.2 (no GPU): the documented LLM API surface the gateway uses.
 
-Reproduces, from TensorRT-LLM 1.2-era sources (NVIDIA/TensorRT-LLM, paths under tensorrt_llm/):
+Reproduces, from TensorRT-LLM 1.2-era sources (NVIDIA/TensorRT-LLM; its paths named
+below are under tensorrt_llm/ there, except those starting with cpp/):
 - import paths (`__init__.py`, `llmapi/__init__.py`, `executor/utils.py`): `tensorrt_llm.LLM`,
   `.SamplingParams`, `.MultimodalEncoder`, `.DisaggregatedParams`; `tensorrt_llm.llmapi` re-exports
   (KvCacheConfig, SchedulerConfig, CapacitySchedulerPolicy, DynamicBatchConfig, CudaGraphConfig,
@@ -49,7 +50,7 @@ Less kind than a naive fake, as the real library is (tests/unit/test_trtllm_fide
   among them (`_scripted.prompt_topk`);
 - `kvCacheStats.reusedBlocks` / `missedBlocks` are lifetime totals in every iteration, each
   context block counted once, reused or missed; block keys stop before the prompt's last
-  token, so cached_tokens < len(prompt) (batch_manager/kvCacheManager.cpp);
+  token, so cached_tokens < len(prompt) (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp);
 - `RequestOutput.abort()` raises after `llm.shutdown()`, finished or not (executor/result.py);
 - `LLM(...)` validates its kwargs with `TorchLlmArgs` (1.2's keys; no
   `fail_fast_on_attention_window_too_large`); `tensorrt_llm.logger.logger.set_level`;
