@@ -22,22 +22,19 @@ from trtllm_gateway.app.state import State
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.factory import create_engine
 from trtllm_gateway.engine.kv_events_zmq import ZmqKvPublisher
-from trtllm_gateway.engine.protocol import Engine, KvEventSource
-from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine
-from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
+from trtllm_gateway.engine.protocol import Engine, EngineExtras, KvEventSource
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache
 
 logger = logging.getLogger(__name__)
 
 
-def tokenizer_dir(settings: Settings, engine: Engine) -> Path:
+def tokenizer_dir(settings: Settings, extras: EngineExtras) -> Path:
     """--tokenizer, else the directory the engine resolved, else --model when it is a directory."""
     if settings.tokenizer:
         return Path(settings.tokenizer)
-    resolved = getattr(engine, "tokenizer_dir", None)
-    if resolved is not None:
-        return Path(resolved)
+    if extras.tokenizer_dir is not None:
+        return extras.tokenizer_dir
     if Path(settings.model).is_dir():
         return Path(settings.model)
     raise RuntimeError(f"no tokenizer directory for model {settings.model!r}; pass --tokenizer")
@@ -54,23 +51,26 @@ async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
         if batch and batch != state.admission.running_limit:
             logger.info("admission sized for the engine's max_batch_size %d", batch)
             state.admission.set_running_limit(batch)
-        path = tokenizer_dir(state.settings, state.engine)
+        extras = state.engine.extras  # complete now that start() returned
+        path = tokenizer_dir(state.settings, extras)
         state.tokenizer = await asyncio.to_thread(
             Tokenizer.from_dir, path, state.settings.chat_template
         )
-        state.metrics.bind_engine(state.engine.health, state.model_name)
-        if isinstance(state.engine, RemotePrefillEngine) and state.engine.followers:
-            state.metrics.bind_kv_routing(state.engine.pool.kv_stats)
-        stats = getattr(state.engine, "remote_prefill_stats", None)
-        if isinstance(stats, RemotePrefillStats):
-            state.metrics.bind_remote_prefill(stats)
-        encode_outcomes = getattr(state.engine, "remote_encode_outcomes", None)
-        if encode_outcomes is not None:
-            state.metrics.bind_remote_encode(encode_outcomes)
+        _bind_metrics(state, extras)
         logger.info("ready: model %s (tokenizer from %s)", state.model_name, path)
     except Exception as exc:
         logger.exception("engine failed to start")
         state.start_error = f"{type(exc).__name__}: {exc}"
+
+
+def _bind_metrics(state: State, extras: EngineExtras) -> None:
+    state.metrics.bind_engine(state.engine.health, state.model_name)
+    if extras.remote_prefill is not None:
+        state.metrics.bind_remote_prefill(extras.remote_prefill)
+    if extras.kv_routing is not None:
+        state.metrics.bind_kv_routing(extras.kv_routing)
+    if extras.remote_encode is not None:
+        state.metrics.bind_remote_encode(extras.remote_encode)
 
 
 def create_lifespan(

@@ -25,8 +25,7 @@ from trtllm_gateway.app.ops_collectors import (
     RemotePrefillCollector,
 )
 from trtllm_gateway.engine.protocol import EngineHealth, FinishReason, TokenEvent
-from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
-from trtllm_gateway.engine.siblings import KvRoutingStats
+from trtllm_gateway.engine.remote_prefill_stats import KvRoutingStats, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
 
 PREFIX = "trtllm_gateway:"

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from trtllm_gateway.app.admission import Admission
+from trtllm_gateway.engine.remote_encode import OUTCOMES as ENCODE_OUTCOMES
 from trtllm_gateway.engine.remote_prefill_stats import OUTCOMES, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
 
@@ -130,7 +131,7 @@ class RemotePrefillCollector(Collector):
 
 
 class RemoteEncodeCollector(Collector):
-    """engine RemoteEncodeStats, once bound (vision instances with --encode-url)."""
+    """Remote-encode outcomes (EngineExtras.remote_encode), once bound (--encode-url)."""
 
     def __init__(self, model_name: Callable[[], str]) -> None:
         self._model_name = model_name
@@ -147,7 +148,7 @@ class RemoteEncodeCollector(Collector):
             "Image batches by encoder placement: remote, local_fallback.",
             labels=["model_name", "outcome"],
         )
-        for outcome in sorted({"remote", "local_fallback", *self._outcomes}):
+        for outcome in sorted({*ENCODE_OUTCOMES, *self._outcomes}):
             family.add_metric([self._model_name(), outcome], float(self._outcomes[outcome]))
         yield family
 

@@ -15,6 +15,7 @@ from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineDeadError,
     EngineError,
+    EngineExtras,
     EngineHealth,
     EngineInfo,
     EngineState,
@@ -82,6 +83,10 @@ class FakeEngine:
             engine="fake",
         )
         return cls(info, tokenizer_dir=path if path.is_dir() else None)
+
+    @property
+    def extras(self) -> EngineExtras:
+        return EngineExtras(tokenizer_dir=self.tokenizer_dir)
 
     async def start(self) -> None:
         await asyncio.sleep(self.load_delay_s)

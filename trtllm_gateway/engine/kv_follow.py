@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
 import httpx
 
-from trtllm_gateway.engine.kv_events import event_from_json
+from trtllm_gateway.engine import sibling_wire as wire
 from trtllm_gateway.engine.kv_index import PrefixIndex
 
 logger = logging.getLogger(__name__)
 
-PATH = "/internal/v1/kv-events"
 NO_EVENTS_RETRY_S = 60.0
 
 
@@ -63,7 +61,7 @@ class KvFollower:
 
     async def _follow(self) -> float:
         params = {"after": str(self.last_id)}
-        url = f"{self.url}{PATH}"
+        url = f"{self.url}{wire.KV_EVENTS_PATH}"
         timeout = httpx.Timeout(30.0, read=None)
         async with self._client.stream(
             "GET", url, params=params, headers=self._headers, timeout=timeout
@@ -73,28 +71,26 @@ class KvFollower:
             if res.status_code != 200:
                 raise httpx.HTTPStatusError(f"{res.status_code}", request=res.request, response=res)
             async for line in res.aiter_lines():
-                if line and self._line(json.loads(line)):
+                if line and self._line(wire.decode_line(line)):
                     return 0.0  # read the new instance from its first event
         return self._retry
 
-    def _line(self, raw: dict[str, object]) -> bool:
+    def _line(self, line: wire.StreamLine) -> bool:
         """Apply one line; True when the stream must be opened again from the start."""
-        kind = raw.get("type")
-        if kind == "Hello":
-            if raw.get("instance") != self.instance:
+        if isinstance(line, wire.Hello):
+            if line.instance != self.instance:
                 if self.instance is not None:
                     logger.info("prefill sibling %s restarted: its KV index starts over", self.url)
                 self.index.clear()
-                self.instance = str(raw.get("instance"))
+                self.instance = line.instance
                 if self.last_id != -1:
                     self.last_id = -1
                     return True
             self.connected.set()
-        elif kind == "Resync":
+        elif isinstance(line, wire.Resync):
             self.index.clear()
-        elif kind != "Heartbeat":
-            self.index.apply(event_from_json(raw))
-            event_id = raw.get("event_id")
-            if isinstance(event_id, int):
-                self.last_id = event_id
+        elif isinstance(line, wire.KvEventLine):
+            self.index.apply(line.event)
+            if line.event_id is not None:
+                self.last_id = line.event_id
         return False

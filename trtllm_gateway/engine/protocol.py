@@ -5,12 +5,15 @@ Routers import only this module and engine.tokenizer. Nothing here knows HTTP, p
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from trtllm_gateway.engine.kv_events import KvEventLog
+from trtllm_gateway.engine.remote_prefill_stats import KvRoutingStats, RemotePrefillStats
 
 FinishReason = Literal["stop", "length", "abort"]
 EngineState = Literal["loading", "ready", "draining", "dead"]
@@ -172,6 +175,21 @@ class EngineHealth:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class EngineExtras:
+    """What the app reads from an engine besides serving it, complete once start() returned.
+
+    Declared as one protocol member rather than fetched with getattr: a wrapper that forwards
+    `extras` (RemotePrefillEngine) forwards every field, present and future, and mypy sees them.
+    The stats are live objects that the engine keeps counting into; /metrics reads them.
+    """
+
+    tokenizer_dir: Path | None = None  # the model directory the engine resolved
+    remote_prefill: RemotePrefillStats | None = None  # decode instances with --prefill-url
+    kv_routing: KvRoutingStats | None = None  # --kv-routing over several prefill siblings
+    remote_encode: Counter[str] | None = None  # --encode-url on a vision model: by outcome
+
+
 class EngineError(Exception):
     """Base of every error an engine raises; app/errors.py maps them to HTTP."""
 
@@ -216,6 +234,11 @@ class Engine(Protocol):
     """What every engine implements. Only the lifespan calls start/stop."""
 
     info: EngineInfo
+
+    @property
+    def extras(self) -> EngineExtras:
+        """Read by the lifespan after start(); a wrapper returns its inner engine's plus its own."""
+        ...
 
     async def start(self) -> None:
         """Load weights and begin serving; health() is "loading" until this returns."""

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from trtllm_gateway.engine.embed_wire import CONTENT_TYPE, EmbedWireError, Frame, decode_frames
+from trtllm_gateway.engine.sibling_wire import ENCODE_PATH
 from trtllm_gateway.engine.siblings import Sibling, SiblingPool, caller_headers
 
 logger = logging.getLogger(__name__)
 
-ENCODE_PATH = "/internal/v1/encode"
 OUTCOMES = ("remote", "local_fallback")
 
 

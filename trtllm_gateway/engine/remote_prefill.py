@@ -4,28 +4,29 @@ generate() decides local or remote (conditional disaggregation), asks a sibling 
 phase over HTTP (same token ids, request id and caller auth), pulls the KV blobs when the inner
 engine is the built-in one, and continues decoding on the inner engine. A failing sibling falls
 back to local prefill unless --require-remote-prefill; cancelling the request cancels the
-sibling's work too. Sibling protocol: see routers/disagg.py (version PROTOCOL_VERSION).
+sibling's work too. Sibling protocol: engine/sibling_wire.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import httpx
 
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine import sibling_wire as wire
 from trtllm_gateway.engine.kv_follow import KvFollower
 from trtllm_gateway.engine.protocol import (
     CALLER_AUTHORIZATION,
     DisaggParams,
     Engine,
+    EngineExtras,
     EngineHealth,
     EngineInfo,
     GenerateRequest,
@@ -33,15 +34,11 @@ from trtllm_gateway.engine.protocol import (
     PrefillResult,
     RemotePrefillFailedError,
     TokenEvent,
-    TokenLogprob,
 )
 from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
 from trtllm_gateway.engine.siblings import Sibling, SiblingPool, caller_headers
 
 logger = logging.getLogger(__name__)
-
-PROTOCOL_VERSION = 1
-PREFIX = "/internal/v1"
 
 
 class SiblingError(Exception):
@@ -79,8 +76,12 @@ class RemotePrefillEngine:
         self._transport = transport
 
     @property
-    def tokenizer_dir(self) -> object:
-        return getattr(self.inner, "tokenizer_dir", None)
+    def extras(self) -> EngineExtras:
+        """The inner engine's extras (all of them, whatever they are) plus the sibling stats."""
+        routing = self.pool.kv_stats if self.followers else None
+        return replace(
+            self.inner.extras, remote_prefill=self.remote_prefill_stats, kv_routing=routing
+        )
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
@@ -188,31 +189,23 @@ class RemotePrefillEngine:
         if not sib.healthy and not await self._healthy(sib):
             raise SiblingError("still unhealthy")
         await self._check(sib)
-        body = {
-            "protocol_version": PROTOCOL_VERSION,
-            "request_id": req.request_id,
-            "prompt_token_ids": list(req.prompt_token_ids),
-            "sampling": asdict(req.sampling),
-        }
-        res = await self._call("POST", sib, f"{PREFIX}/prefill", json=body)
+        body = wire.PrefillBody.of(req.request_id, req.prompt_token_ids, req.sampling)
+        res = await self._call("POST", sib, wire.PREFILL_PATH, content=wire.encode(body))
         try:
-            data = res.json()
-            state = base64.b64decode(data["disaggregated_params"]["opaque_state"])
-            first = tuple(int(t) for t in data["first_token_ids"])
-            lps = _logprobs(data.get("first_logprobs"))
-            ctx_id = str(data["disaggregated_params"]["ctx_request_id"])
-        except (ValueError, KeyError, TypeError) as e:
+            answer = wire.decode(res.content, wire.PrefillAnswer)
+            disagg = answer.generation_only(kv_payload=None)
+        except wire.SiblingWireError as e:
             raise SiblingError(f"bad prefill response: {e}") from None
-        kv = None
         if isinstance(self.inner, KvHandoff):
-            kv = await self._pull(sib, ctx_id)
+            assert disagg.ctx_request_id is not None
+            disagg = replace(disagg, kv_payload=await self._pull(sib, disagg.ctx_request_id))
         self._mark(sib, healthy=True)
-        return DisaggParams("generation_only", first, lps, ctx_id, state, kv)
+        return disagg
 
     async def _pull(self, sib: Sibling, ctx_id: str) -> bytes:
         t0 = time.perf_counter()
         try:
-            res = await self._call("GET", sib, f"{PREFIX}/kv/{ctx_id}")
+            res = await self._call("GET", sib, wire.kv_path(ctx_id))
         except asyncio.CancelledError:
             await self._release(sib, ctx_id)
             raise
@@ -224,21 +217,25 @@ class RemotePrefillEngine:
         with contextlib.suppress(httpx.HTTPError):
             assert self._client is not None
             await asyncio.shield(
-                self._client.delete(f"{sib.url}{PREFIX}/kv/{ctx_id}", headers=caller_headers())
+                self._client.delete(f"{sib.url}{wire.kv_path(ctx_id)}", headers=caller_headers())
             )
 
     async def _check(self, sib: Sibling) -> None:
         """Refuse a sibling that serves another model or KV layout (once per sibling)."""
         if sib.checked:
             return
-        info = (await self._call("GET", sib, f"{PREFIX}/info")).json()
+        res = await self._call("GET", sib, wire.INFO_PATH)
+        try:
+            info = wire.decode(res.content, wire.SiblingInfo)
+        except wire.SiblingWireError as e:
+            raise SiblingMismatchError(f"prefill sibling {sib.url} is no gateway: {e}") from None
         ours = self.inner.info
-        theirs = (info.get("model"), info.get("kv_layout"), info.get("protocol_version"))
-        if theirs != (ours.model_id, ours.kv_layout, PROTOCOL_VERSION):
+        theirs = (info.model, info.kv_layout, info.protocol_version)
+        if theirs != (ours.model_id, ours.kv_layout, wire.PROTOCOL_VERSION):
             raise SiblingMismatchError(
                 f"prefill sibling {sib.url} is incompatible: it serves model {theirs[0]!r} with "
                 f"KV layout {theirs[1]!r} (protocol {theirs[2]}), this instance serves "
-                f"{ours.model_id!r} with {ours.kv_layout!r} (protocol {PROTOCOL_VERSION})"
+                f"{ours.model_id!r} with {ours.kv_layout!r} (protocol {wire.PROTOCOL_VERSION})"
             )
         sib.checked = True
 
@@ -250,26 +247,18 @@ class RemotePrefillEngine:
             return False
 
     async def _call(
-        self, method: str, sib: Sibling, path: str, json: object | None = None
+        self, method: str, sib: Sibling, path: str, content: bytes | None = None
     ) -> httpx.Response:
         assert self._client is not None
         url = f"{sib.url}{path}"
+        headers = caller_headers()
+        if content is not None:
+            headers["Content-Type"] = "application/json"
         try:
-            res = await self._client.request(method, url, headers=caller_headers(), json=json)
+            res = await self._client.request(method, url, headers=headers, content=content)
         except httpx.HTTPError as e:
             raise SiblingError(f"{type(e).__name__}: {e}") from None
         if res.status_code != 200:
             error = SiblingBusyError if res.status_code == 503 else SiblingError
             raise error(f"{method} {path} answered {res.status_code}: {res.text[:200]}")
         return res
-
-
-def _logprobs(raw: object) -> tuple[TokenLogprob, ...] | None:
-    if not isinstance(raw, list):
-        return None
-    return tuple(
-        TokenLogprob(
-            int(e["token_id"]), float(e["logprob"]), tuple((int(t), float(v)) for t, v in e["top"])
-        )
-        for e in raw
-    )

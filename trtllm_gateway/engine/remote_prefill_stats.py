@@ -1,7 +1,7 @@
-"""RemotePrefillStats: counters a decode instance keeps about its prefill siblings.
+"""RemotePrefillStats, KvRoutingStats: counters a decode instance keeps about prefill siblings.
 
-Written by engine/remote_prefill.py, read by the /metrics collector at scrape time (like
-EngineHealth), so nothing here depends on prometheus.
+Written by engine/remote_prefill.py and engine/siblings.py, read by the /metrics collectors at
+scrape time (like EngineHealth) through EngineExtras, so nothing here depends on prometheus.
 """
 
 from __future__ import annotations
@@ -29,4 +29,18 @@ class RemotePrefillStats:
 
     def drain_kv_seconds(self) -> list[float]:
         out, self.kv_seconds = self.kv_seconds, []
+        return out
+
+
+@dataclass
+class KvRoutingStats:
+    """KV-aware sibling choices by reason (prefix, load) and the cached tokens they found."""
+
+    choices: Counter[str] = field(default_factory=Counter)
+    prefix_hit_tokens: Counter[str] = field(default_factory=Counter)  # by sibling URL
+    # Cached-prefix tokens at the chosen sibling, one per choice, until a scrape takes them.
+    hits: list[int] = field(default_factory=list)
+
+    def drain_hits(self) -> list[int]:
+        out, self.hits = self.hits, []
         return out

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from trtllm_gateway.engine.kv_index import PrefixIndex
 from trtllm_gateway.engine.protocol import CALLER_AUTHORIZATION
+from trtllm_gateway.engine.remote_prefill_stats import KvRoutingStats
 
 
 @dataclass
@@ -31,20 +31,6 @@ class Sibling:
     checked: bool = False  # compatibility compared once (remote prefill)
     kv: PrefixIndex = field(default_factory=PrefixIndex)  # filled by a KvFollower, if any
     queued_tokens: int = 0  # uncached prompt tokens of our requests in flight there
-
-
-@dataclass
-class KvRoutingStats:
-    """Read by /metrics: choices by reason (prefix, load) and the cached tokens they found."""
-
-    choices: Counter[str] = field(default_factory=Counter)
-    prefix_hit_tokens: Counter[str] = field(default_factory=Counter)  # by sibling URL
-    # Cached-prefix tokens at the chosen sibling, one per choice, until a scrape takes them.
-    hits: list[int] = field(default_factory=list)
-
-    def drain_hits(self) -> list[int]:
-        out, self.hits = self.hits, []
-        return out
 
 
 class SiblingPool:

@@ -1,4 +1,4 @@
-"""Sibling-facing endpoints for disaggregated serving (protocol version 1).
+"""Sibling-facing endpoints for disaggregated serving (engine/sibling_wire.py: paths, messages).
 
     GET    /internal/v1/info           model, KV layout and protocol version (compatibility check)
     POST   /internal/v1/prefill        run a context phase; JSON with the first token(s) and the
@@ -12,102 +12,68 @@ A prefill takes an admission slot like a generation request (503 + Retry-After w
 
 from __future__ import annotations
 
-import base64
 from collections.abc import AsyncIterator
-from dataclasses import asdict
-from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from trtllm_gateway.app.cancel import cancel_on_disconnect
 from trtllm_gateway.app.deps import ServingDep
 from trtllm_gateway.app.errors import BadRequestError, NotFoundError
-from trtllm_gateway.engine.protocol import (
-    EngineError,
-    GenerateRequest,
-    GuidedDecoding,
-    KvHandoff,
-    PrefillResult,
-    SamplingParams,
-)
+from trtllm_gateway.engine import sibling_wire as wire
+from trtllm_gateway.engine.protocol import EngineError, GenerateRequest, KvHandoff
 from trtllm_gateway.routers import validation
 
-PROTOCOL_VERSION = 1
-PREFIX = "/internal/v1"
 CHUNK = 1 << 20
+JSON = "application/json"
 
-router = APIRouter(prefix=PREFIX, tags=["disaggregation"], include_in_schema=False)
-
-
-class PrefillBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    protocol_version: int = Field(PROTOCOL_VERSION, ge=1)
-    request_id: str = Field(min_length=1, max_length=256)
-    prompt_token_ids: list[int] = Field(min_length=1)
-    sampling: dict[str, Any] = Field(default_factory=dict)
+router = APIRouter(tags=["disaggregation"], include_in_schema=False)
 
 
-def _sampling(raw: dict[str, Any]) -> SamplingParams:
-    """SamplingParams from the asdict() JSON a sibling sent: lists back to tuples, logit_bias
-    pairs back to tuples, the guided constraint back to a GuidedDecoding."""
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+def _answer(msg: msgspec.Struct) -> Response:
+    return Response(wire.encode(msg), media_type=JSON)
+
+
+def _prefill_body(raw: bytes) -> wire.PrefillBody:
+    """The sibling's body, or a 400 whose param is the field at fault, as for public requests."""
     try:
-        if fields.get("logit_bias"):
-            fields["logit_bias"] = tuple((int(t), float(b)) for t, b in fields["logit_bias"])
-        if isinstance(fields.get("guided"), dict):
-            g = fields["guided"]
-            fields["guided"] = GuidedDecoding(
-                g["kind"], g.get("spec", ""), tuple(g.get("start_after", ()))
-            )
-        return SamplingParams(**fields)
-    except (TypeError, ValueError, KeyError) as e:
-        raise BadRequestError(f"bad sampling params: {e}", param="sampling") from None
+        return wire.decode(raw, wire.PrefillBody)
+    except wire.SiblingWireError as e:
+        raise BadRequestError(str(e), param=e.field) from None
 
 
-def _result_json(res: PrefillResult) -> dict[str, Any]:
-    lps = [asdict(lp) for lp in res.first_logprobs] if res.first_logprobs else None
-    return {
-        "protocol_version": PROTOCOL_VERSION,
-        "request_id": res.request_id,
-        "first_token_ids": list(res.first_token_ids),
-        "first_logprobs": lps,
-        "prompt_tokens": res.prompt_tokens,
-        "cached_tokens": res.cached_tokens,
-        "disaggregated_params": {
-            "request_type": "context_only",
-            "ctx_request_id": res.request_id,
-            "opaque_state": base64.b64encode(res.opaque_state).decode("ascii"),
-        },
-    }
-
-
-@router.get("/info")
-async def info(serving: ServingDep) -> dict[str, Any]:
+@router.get(wire.INFO_PATH)
+async def info(serving: ServingDep) -> Response:
     i = serving.info
-    return {
-        "protocol_version": PROTOCOL_VERSION,
-        "model": i.model_id,
-        "kv_layout": i.kv_layout,
-        "engine": i.engine,
-        "mode": i.mode,
-    }
+    return _answer(
+        wire.SiblingInfo(
+            protocol_version=wire.PROTOCOL_VERSION,
+            model=i.model_id,
+            kv_layout=i.kv_layout,
+            engine=i.engine,
+            mode=i.mode,
+        )
+    )
 
 
-@router.post("/prefill")
-async def prefill(body: PrefillBody, request: Request, serving: ServingDep) -> dict[str, Any]:
-    if body.protocol_version != PROTOCOL_VERSION:
+@router.post(wire.PREFILL_PATH)
+async def prefill(request: Request, serving: ServingDep) -> Response:
+    body = _prefill_body(await request.body())
+    if body.protocol_version != wire.PROTOCOL_VERSION:
         raise BadRequestError(
-            f"sibling protocol version {body.protocol_version} is not {PROTOCOL_VERSION}",
+            f"sibling protocol version {body.protocol_version} is not {wire.PROTOCOL_VERSION}",
             param="protocol_version",
         )
+    try:
+        sampling = body.sampling_params()
+    except wire.SiblingWireError as e:
+        raise BadRequestError(str(e), param="sampling") from None
     req = GenerateRequest(
         request_id=body.request_id,
         prompt_token_ids=tuple(body.prompt_token_ids),
         sampling=validation.sibling_sampling(
-            _sampling(body.sampling),
+            sampling,
             validation.vocab_bound(serving.info.vocab_size, serving.tokenizer.vocab_size),
             serving.settings.max_logprobs,
         ),
@@ -119,7 +85,7 @@ async def prefill(body: PrefillBody, request: Request, serving: ServingDep) -> d
         res = await cancel_on_disconnect(request.receive, serving.engine.prefill(req))
     finally:
         slot.release()
-    return _result_json(res)
+    return _answer(wire.PrefillAnswer.of(res))
 
 
 def _handoff(serving: ServingDep) -> KvHandoff:
@@ -128,7 +94,7 @@ def _handoff(serving: ServingDep) -> KvHandoff:
     return serving.engine
 
 
-@router.get("/kv/{ctx_request_id}")
+@router.get(wire.KV_PATH)
 async def pull_kv(ctx_request_id: str, serving: ServingDep) -> Response:
     try:
         blob = await _handoff(serving).pull_kv(ctx_request_id)
@@ -144,7 +110,7 @@ async def pull_kv(ctx_request_id: str, serving: ServingDep) -> Response:
     return StreamingResponse(chunks(), media_type="application/octet-stream", headers=headers)
 
 
-@router.delete("/kv/{ctx_request_id}")
-async def release_kv(ctx_request_id: str, serving: ServingDep) -> dict[str, bool]:
+@router.delete(wire.KV_PATH)
+async def release_kv(ctx_request_id: str, serving: ServingDep) -> Response:
     _handoff(serving).release_kv(ctx_request_id)
-    return {"released": True}
+    return _answer(wire.KvReleased())

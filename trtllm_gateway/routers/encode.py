@@ -14,11 +14,12 @@ from trtllm_gateway.app.cancel import cancel_on_disconnect
 from trtllm_gateway.app.deps import ServingDep
 from trtllm_gateway.app.errors import NotFoundError
 from trtllm_gateway.engine.embed_wire import CONTENT_TYPE, ImageEncoding
+from trtllm_gateway.engine.sibling_wire import ENCODE_PATH
 
-router = APIRouter(prefix="/internal/v1", tags=["encode"], include_in_schema=False)
+router = APIRouter(tags=["encode"], include_in_schema=False)
 
 
-@router.post("/encode")
+@router.post(ENCODE_PATH)
 async def encode(request: Request, serving: ServingDep) -> Response:
     engine = serving.engine
     if not isinstance(engine, ImageEncoding):

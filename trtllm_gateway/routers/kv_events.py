@@ -11,22 +11,21 @@ GET /internal/v1/load                running, waiting, KV usage and blocks, admi
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from trtllm_gateway.app.deps import ServingDep, StateDep
 from trtllm_gateway.app.errors import NotFoundError
+from trtllm_gateway.engine import sibling_wire as wire
 from trtllm_gateway.engine.kv_events import KvEventLog, event_json
 from trtllm_gateway.engine.protocol import KvEventSource
 
-PREFIX = "/internal/v1"
 CHUNK_EVENTS = 1000
 
-router = APIRouter(prefix=PREFIX, tags=["kv-routing"], include_in_schema=False)
+router = APIRouter(tags=["kv-routing"], include_in_schema=False)
 
 
 def _log(serving: ServingDep) -> KvEventLog:
@@ -37,11 +36,7 @@ def _log(serving: ServingDep) -> KvEventLog:
     return serving.engine.kv_event_log
 
 
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
-
-
-@router.get("/kv-events")
+@router.get(wire.KV_EVENTS_PATH)
 async def kv_events(
     serving: ServingDep,
     state: StateDep,
@@ -54,23 +49,23 @@ async def kv_events(
     start = after if last_event_id is None else max(after, last_event_id)
 
     async def lines() -> AsyncIterator[bytes]:
-        yield _line(
-            {
-                "type": "Hello",
-                "instance": log.instance,
-                "block_size": log.block_size,
-                "num_blocks": log.num_blocks,
-                "next_id": log.next_id,
-            }
+        yield wire.encode_line(
+            wire.Hello(
+                instance=log.instance,
+                block_size=log.block_size,
+                num_blocks=log.num_blocks,
+                next_id=log.next_id,
+            )
         )
         cursor = start
         while True:
             records, lost = log.since(cursor)
             if lost:
-                yield _line({"type": "Resync"})  # drop what you knew of this instance
+                yield wire.encode_line(wire.Resync())  # drop what you knew of this instance
             if records:
                 for i in range(0, len(records), CHUNK_EVENTS):  # a long backlog in pieces
-                    yield b"".join(_line(event_json(r)) for r in records[i : i + CHUNK_EVENTS])
+                    chunk = records[i : i + CHUNK_EVENTS]
+                    yield b"".join(wire.encode_line(event_json(r)) for r in chunk)
                 cursor = records[-1].event_id
             elif not follow:
                 return
@@ -79,23 +74,24 @@ async def kv_events(
             else:
                 await log.wait(cursor, heartbeat)
                 if log.next_id <= cursor + 1:
-                    yield _line({"type": "Heartbeat", "next_id": log.next_id})
+                    yield wire.encode_line(wire.Heartbeat(next_id=log.next_id))
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
-@router.get("/load")
-async def load(serving: ServingDep, state: StateDep) -> dict[str, Any]:
+@router.get(wire.LOAD_PATH)
+async def load(serving: ServingDep, state: StateDep) -> Response:
     health = state.health()
     engine = serving.engine
     blocks = engine.kv_event_log.num_blocks if isinstance(engine, KvEventSource) else 0
-    return {
-        "state": health.state,
-        "running": health.running,
-        "waiting": health.waiting,
-        "kv_usage": health.kv_usage,
-        "kv_blocks_total": blocks,
-        "kv_blocks_used": round(health.kv_usage * blocks),
-        "in_flight": serving.admission.in_flight,
-        "queued": serving.admission.queued,
-    }
+    load = wire.Load(
+        state=health.state,
+        running=health.running,
+        waiting=health.waiting,
+        kv_usage=health.kv_usage,
+        kv_blocks_total=blocks,
+        kv_blocks_used=round(health.kv_usage * blocks),
+        in_flight=serving.admission.in_flight,
+        queued=serving.admission.queued,
+    )
+    return Response(wire.encode(load), media_type="application/json")

@@ -36,6 +36,7 @@ from trtllm_gateway.engine.model_source import model_display_name
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineDeadError,
+    EngineExtras,
     EngineHealth,
     EngineInfo,
     EngineState,
@@ -172,6 +173,10 @@ class BuiltinEngine:
     def release_kv(self, ctx_request_id: str) -> None:
         """Free a context phase's held blocks without pulling them (idempotent)."""
         self._submit("release", ctx_request_id)
+
+    @property
+    def extras(self) -> EngineExtras:
+        return EngineExtras(self.tokenizer_dir, remote_encode=self.remote_encode_outcomes)
 
     @property
     def remote_encode_outcomes(self) -> Counter[str] | None:

@@ -22,6 +22,7 @@ import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 import msgspec
 import zmq
@@ -36,6 +37,7 @@ from trtllm_gateway.engine.kv_events import KvEventLog, event_from_json
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
     EngineError,
+    EngineExtras,
     EngineHealth,
     EngineInfo,
     EngineState,
@@ -80,6 +82,11 @@ class CoreClient:
         self._handshake: asyncio.Future[bytes] | None = None
         self._exited = False
         self._watching: int | None = None  # the core's exit fd while a reader is on it
+
+    @property
+    def extras(self) -> EngineExtras:
+        path = Path(self.tokenizer_dir) if self.tokenizer_dir else None
+        return EngineExtras(path, remote_encode=self.remote_encode_outcomes)
 
     # --- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:

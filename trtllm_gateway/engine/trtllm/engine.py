@@ -26,6 +26,7 @@ from trtllm_gateway.engine.model_source import model_display_name, resolve_model
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
     EngineError,
+    EngineExtras,
     EngineHealth,
     EngineInfo,
     EngineState,
@@ -90,6 +91,10 @@ class TrtllmEngine:
         # KvEventSource: TensorRT-LLM's KV events, converted by engine/trtllm/kv_events.py
         self.kv_event_log = KvEventLog(block_size=0, enabled=False)
         self._kv_feed: asyncio.Task[None] | None = None
+
+    @property
+    def extras(self) -> EngineExtras:
+        return EngineExtras(tokenizer_dir=self.tokenizer_dir)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:

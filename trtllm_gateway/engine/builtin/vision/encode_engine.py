@@ -20,6 +20,7 @@ from trtllm_gateway.engine.builtin.vision.spec import is_vision_checkpoint, lang
 from trtllm_gateway.engine.model_source import model_display_name, resolve_model
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
+    EngineExtras,
     EngineHealth,
     EngineInfo,
     EngineState,
@@ -69,6 +70,10 @@ class EncodeEngine:
         device = pick_device(s.device)
         encoder = load_encoder(model_dir, pick_dtype(s.dtype, device), device)
         return ImageEmbedder(encoder, EmbeddingCache(s.vision_embed_cache_bytes))
+
+    @property
+    def extras(self) -> EngineExtras:
+        return EngineExtras(tokenizer_dir=self.tokenizer_dir)
 
     async def stop(self) -> None:
         self._state = "dead" if self._detail else "draining"
