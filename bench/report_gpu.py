@@ -10,6 +10,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.proc_sample import summary as cpu_summary
+
+# HTTP runs of bench/gpu_suite.sh: file stem -> (shape, how it streamed, target of HTTP/offline).
+_HTTP = {
+    "135m_si1": ("135m", "one token per chunk, engine process", 0.85),
+    "135m_si1_thread": ("135m", "one token per chunk, engine thread", 0.85),
+    "135m_si8": ("135m", "`--stream-interval 8`, engine process", 0.85),
+    "8b_si1": ("8b", "one token per chunk, engine process", 0.98),
+}
+
 
 def _load(d: Path, name: str) -> dict[str, Any]:
     try:
@@ -25,7 +35,7 @@ def _ms(x: dict[str, float]) -> str:
 def summary(d: Path) -> str:
     env = (d / "env.txt").read_text().strip().splitlines() if (d / "env.txt").exists() else []
     off8, hf, off135 = (_load(d, n) for n in ("offline_8b.json", "hf_8b.json", "offline_135m.json"))
-    served = {si: _load(d, f"serve_135m_si{si}.json") for si in (1, 8)}
+    served = {name: _load(d, f"serve_{name}.json") for name in _HTTP}
     lines = ["Run: " + " | ".join(env), ""]
     lines += ["| # | Figure | Measured | Target | Met |", "|---|---|---|---|---|"]
     lat = off8.get("decode_latency")
@@ -45,7 +55,8 @@ def summary(d: Path) -> str:
         tps = run8["output_tok_s"]
         lines.append(
             f"| 2 | 8B offline, {run8['num_prompts']} x {run8['input_len']}/{run8['output_len']} "
-            f"(max {off8.get('max_running')} running) | **{tps:,.0f} output tok/s** "
+            f"(max {off8.get('max_running')} running, concurrency {run8['concurrency']}) | "
+            f"**{tps:,.0f} output tok/s** "
             f"({run8['duration_s']:.1f} s) | 10,000 on an H100 | see notes |"
         )
         if hf.get("output_tok_s"):
@@ -56,29 +67,64 @@ def summary(d: Path) -> str:
                 f"engine / HF = **{ratio:.1f}x** | >= 8x | {'yes' if ratio >= 8 else 'no'} |"
             )
     run135 = (off135.get("runs") or [{}])[0]
-    for si, srv in served.items():
-        if not (run135 and srv.get("output_throughput")):
+    offline = {"135m": run135, "8b": run8}
+    for name, (shape, label, target) in _HTTP.items():
+        srv, base = served[name], offline[shape]
+        if not (base and srv.get("output_throughput")):
             continue
-        frac = srv["output_throughput"] / run135["output_tok_s"]
-        chunks = "one token per chunk" if si == 1 else f"`--stream-interval {si}`"
+        frac = srv["output_throughput"] / base["output_tok_s"]
         lines.append(
-            f"| 3 | 135M, 512 x 1024/1024, concurrency 256: HTTP streaming ({chunks}) vs "
-            f"offline | {srv['output_throughput']:,.0f} vs {run135['output_tok_s']:,.0f} output "
-            f"tok/s: **{frac:.0%}** ({srv['completed']} ok, {srv['failed']} failed) | >= 85% | "
-            f"{'yes' if frac >= 0.85 else 'no'} |"
+            f"| {3 if shape == '135m' else 4} | {shape.upper()}, {base['num_prompts']} x "
+            f"{base['input_len']}/{base['output_len']}, concurrency {base['concurrency']}: HTTP "
+            f"streaming ({label}) vs offline | {srv['output_throughput']:,.0f} vs "
+            f"{base['output_tok_s']:,.0f} output tok/s: **{frac:.0%}** ({srv['completed']} ok, "
+            f"{srv['failed']} failed) | >= {target:.0%} | {'yes' if frac >= target else 'no'} |"
         )
     lines += ["", "Latency (ms, mean / p50 / p90 / p99):", ""]
     lines += ["| Run | TTFT | TPOT | ITL (per chunk) |", "|---|---|---|---|"]
     for name, r in (("8B offline", run8), ("135M offline", run135)):
         if r:
             lines.append(f"| {name} | {_ms(r['ttft_ms'])} | {_ms(r['tpot_ms'])} | - |")
-    for si, srv in served.items():
+    for name, srv in served.items():
         if srv.get("ttft_ms"):
+            shape, label, _ = _HTTP[name]
             lines.append(
-                f"| 135M HTTP, stream interval {si} | {_ms(srv['ttft_ms'])} | "
+                f"| {shape.upper()} HTTP, {label} | {_ms(srv['ttft_ms'])} | "
                 f"{_ms(srv['tpot_ms'])} | {_ms(srv['itl_ms'])} |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _where(d, served)) + "\n"
+
+
+def _where(d: Path, served: dict[str, dict[str, Any]]) -> list[str]:
+    """Per HTTP run: chunks/s, and the CPU of the gateway, its event loop (main thread), the
+    engine (core process or engine thread) and the client, averaged while requests ran."""
+    rows = []
+    for name, srv in served.items():
+        cpu = cpu_summary(d / f"samples_{name}.jsonl")
+        if not (srv.get("output_throughput") and cpu):
+            continue
+        core = (
+            f"{cpu['core_cpu']} (main {cpu['core_main']})"
+            if cpu.get("core_cpu") is not None
+            else f"in gateway: busiest other thread {cpu['gateway_top_other']}"
+        )
+        chunks = f"{srv['chunk_throughput']:,.0f}" if "chunk_throughput" in srv else "-"
+        rows.append(
+            f"| {name} | {chunks} | {cpu['gateway_cpu']} | {cpu['gateway_main']} | {core} | "
+            f"{cpu['client_cpu']} | {cpu['running']} / {cpu['waiting']} | {cpu['samples']} |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "Where the time goes (bench.proc_sample, once a second while requests ran; CPU in % of "
+        "one core):",
+        "",
+        "| Run | Chunks/s | Gateway CPU | Gateway main thread (event loop) | Engine CPU | "
+        "Client CPU (8 procs) | Running / waiting | Samples |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def main() -> None:

@@ -197,6 +197,7 @@ def metrics(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
         (r["latency"] - r["ttft"]) / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1
     ]
     itl = [x for r in ok for x in r["itl"]]
+    chunks = len(itl) + len(ok)  # streamed chunks with choices: the first of each, then one per gap
     ms = 1e3
     return {
         "endpoint": args.endpoint,
@@ -213,6 +214,8 @@ def metrics(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
         "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
+        "chunks": chunks,
+        "chunk_throughput": chunks / duration,
         "total_token_throughput": (in_tokens + out_tokens) / duration,
         "ttft_ms": summarize([r["ttft"] * ms for r in ok]),
         "tpot_ms": summarize([t * ms for t in tpots]),
