@@ -3,7 +3,8 @@
 One aggregated instance with --encode-url pointing at an encode instance (EPD, two processes);
 images arrive as a data URL, an http URL on a loopback server (--allow-private-media-urls) and
 a local file (--allowed-local-media-path). Random weights answer gibberish, so the checks are
-equalities: across sources, remote vs local encoding, and different images differ.
+equalities: across sources, remote vs local encoding, and different images differ. Then E, P
+and D apart: a decode instance with both --prefill-url and --encode-url counts both in /metrics.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from PIL import Image
 
 from tests.e2e.server import Server
@@ -63,6 +65,25 @@ def vlm(assets: dict[str, Any], encoder: Server, log_dir: Path) -> Iterator[Serv
 
 
 @pytest.fixture(scope="module")
+def epd_decode(assets: dict[str, Any], encoder: Server, log_dir: Path) -> Iterator[Server]:
+    """A decode instance that sends images to the encoder and text prompts to a prefill one."""
+    model = ["--model", str(assets["model"]), *COMMON]
+    prefill = Server(args=["--mode", "prefill", *model]).start(log_dir)
+    args = [
+        "--mode", "decode", *model,
+        "--prefill-url", prefill.url,
+        "--encode-url", encoder.url,
+        "--max-local-prefill-tokens", "4",
+    ]  # fmt: skip
+    try:
+        srv = Server(args=args).start(log_dir)
+        yield srv
+        assert srv.stop() == 0, srv.log()
+    finally:
+        prefill.stop()
+
+
+@pytest.fixture(scope="module")
 def images_http(assets: dict[str, Any]) -> Iterator[ImageServer]:
     with ImageServer() as http:
         http.routes["/red.png"] = Route(body=assets["red"])
@@ -101,6 +122,30 @@ def test_sources_agree_and_images_differ(
     # 16 image positions replace the one <image> token the template wrote.
     assert by_data.usage.prompt_tokens == 11 - 1 + 16
     assert images_http.requests, "the http image was fetched from the loopback server"
+
+
+def test_epd_decode_counts_remote_encode_and_remote_prefill(
+    epd_decode: Server, assets: dict[str, Any]
+) -> None:
+    def count(name: str, outcome: str) -> float:
+        return epd_decode.metric(f"trtllm_gateway:{name}_total", f'outcome="{outcome}"')
+
+    # An image request: encoded on the encode instance, prefilled here (images never go remote).
+    assert ask(epd_decode, data_url(assets["red"])).choices[0].message.content
+    assert count("remote_encode", "remote") == 1
+    assert count("remote_prefill", "local_short") == 1
+    # A text request: prefilled on the prefill instance, its KV pulled here.
+    text: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "describe a red square in a few words"}
+    ]
+    client = openai.OpenAI(base_url=f"{epd_decode.url}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model="model", messages=text, max_tokens=4, temperature=0
+    )
+    assert reply.choices[0].message.content is not None
+    assert count("remote_prefill", "remote") == 1
+    assert epd_decode.metric("trtllm_gateway:kv_transfer_bytes_total") > 0
+    assert count("remote_encode", "remote") == 1  # the text request encoded nothing
 
 
 def test_remote_encoding_equals_local_fallback(
