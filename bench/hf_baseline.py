@@ -5,7 +5,8 @@ Random weights of the same shape, one static batch of random prompts, greedy, ex
 workload would run as successive batches at this rate; the batch is the largest of
 --batch-sizes that fits in memory. Prints one JSON object last.
 
-  python -m bench.hf_baseline --model config/models/llama-3.1-8b.json --batch-sizes 128 64
+  python -m bench.hf_baseline --model trtllm_gateway/config/models/llama-3.1-8b.json \\
+      --batch-sizes 128 64
 """
 
 from __future__ import annotations

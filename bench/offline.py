@@ -5,8 +5,8 @@ on requests in flight. Reports output tok/s, TTFT and TPOT; with --decode-latenc
 batch-1 decode (ms/token) and, on CUDA, the bandwidth roofline from a measured device-to-device
 copy. Prints one JSON object last.
 
-  python -m bench.offline --model config/models/llama-3.1-8b.json --load-format dummy \\
-      --num-prompts 512 --input-len 1024 --output-len 1024
+  python -m bench.offline --model trtllm_gateway/config/models/llama-3.1-8b.json \\
+      --load-format dummy --num-prompts 512 --input-len 1024 --output-len 1024
 """
 
 from __future__ import annotations

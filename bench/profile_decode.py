@@ -1,7 +1,7 @@
 """Where a decode step's time goes on CUDA: graph replay per batch size, kernel table, GEMV and
 attention bandwidth, each next to the bytes it must move (device-to-device copy as the ceiling).
 
-  python -m bench.profile_decode --model config/models/llama-3.1-8b.json --ctx 1088
+  python -m bench.profile_decode --model trtllm_gateway/config/models/llama-3.1-8b.json --ctx 1088
 """
 
 from __future__ import annotations
