@@ -24,7 +24,7 @@ FIELDS: dict[str, object] = {
     "block_size": 4,
     "num_tokens": 3,
 }
-DATA = bytes(range(256)) * 3  # 768 bytes: 2*2*3*2*4 bf16 values
+DATA = bytes(range(256)) * 3  # 768 bytes (the wire does not check them against the shape)
 
 
 def _blob_with_header(header: dict[str, object], data: bytes = DATA) -> bytes:
@@ -101,3 +101,34 @@ def test_changed_bytes_fail_the_checksum() -> None:
     blob[-10] ^= 0xFF
     with pytest.raises(KvWireError, match="checksum mismatch"):
         decode(bytes(blob))
+
+
+@pytest.mark.parametrize(
+    ("shape", "num_tokens", "message"),
+    [
+        ((2, 2, 3, 2), 3, "bad KV shape"),  # not [layers, 2, tokens, heads, dim]
+        ((2, 3, 3, 2, 4), 3, "bad KV shape"),  # not K and V
+        ((2, 2, -3, 2, 4), 3, "bad KV shape"),
+        ((2, 2, 3, 2, 4), 5, "header says 5"),  # shape and num_tokens disagree
+    ],
+)
+def test_a_shape_that_is_not_a_kv_tensor_is_refused(
+    shape: tuple[int, ...], num_tokens: int, message: str
+) -> None:
+    blob = encode({**FIELDS, "shape": shape, "num_tokens": num_tokens}, DATA)
+    with pytest.raises(KvWireError, match=message):
+        decode(blob)
+
+
+def test_a_shape_that_does_not_match_the_byte_count_is_a_wire_error_not_a_crash() -> None:
+    """A sibling's shape x dtype that disagrees with its bytes: KvWireError (the engine's
+    "remote KV refused" path), not torch's RuntimeError from .view()."""
+    from trtllm_gateway.engine.builtin.kv_transfer import decode_kv
+
+    fields = {**FIELDS, "dtype": "torch.bfloat16"}  # the engine names dtypes as torch does
+    data = bytes(2 * 2 * 3 * 2 * 4 * 2)  # FIELDS' shape in bf16: 192 bytes
+    blob = encode({**fields, "shape": (2, 2, 3, 2, 5)}, data)  # 240 bytes of bf16, 192 sent
+    with pytest.raises(KvWireError, match="is 240 bytes, got 192"):
+        decode_kv(blob, LAYOUT)
+    n, kv = decode_kv(encode(fields, data), LAYOUT)
+    assert n == 3 and tuple(kv.shape) == (2, 2, 3, 2, 4)

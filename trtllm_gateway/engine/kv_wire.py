@@ -61,6 +61,11 @@ def decode(blob: bytes, expected_layout: str | None = None) -> tuple[KvHeader, m
         raise KvWireError(
             f"sibling KV layout {header.kv_layout!r} does not match ours {expected_layout!r}"
         )
+    shape = header.shape
+    if len(shape) != 5 or any(not isinstance(d, int) or d < 0 for d in shape) or shape[1] != 2:
+        raise KvWireError(f"bad KV shape {list(shape)}: expected [layers, 2, tokens, heads, dim]")
+    if shape[2] != header.num_tokens:
+        raise KvWireError(f"KV shape holds {shape[2]} tokens, header says {header.num_tokens}")
     data = memoryview(blob)[8 + hlen :]
     if len(data) != header.nbytes:
         raise KvWireError(f"KV payload truncated: {len(data)} of {header.nbytes} bytes")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from trtllm_gateway.engine import kv_wire
@@ -42,6 +44,11 @@ def decode_kv(blob: bytes, kv_layout: str) -> tuple[int, torch.Tensor]:
     dtype = _DTYPES.get(header.dtype)
     if dtype is None:
         raise kv_wire.KvWireError(f"unsupported KV dtype {header.dtype}")
+    want = math.prod(header.shape) * dtype.itemsize
+    if len(data) != want:
+        raise kv_wire.KvWireError(
+            f"KV shape {list(header.shape)} in {header.dtype} is {want} bytes, got {len(data)}"
+        )
     raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     return header.num_tokens, raw.view(dtype).view(header.shape)
 
