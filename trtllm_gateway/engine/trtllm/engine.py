@@ -4,8 +4,9 @@ Requests go in as token ids (`detokenize=False`); engine/tokenizer.py detokenize
 stop strings for both engines alike. `generate_async` is called on the event-loop thread, as
 TensorRT-LLM requires, and each streamed step is copied into a frozen TokenEvent before the next
 await (TensorRT-LLM mutates one result object in place). Our string `request_id` maps to the
-engine's result through `self._inflight` (inflight.py). `RequestError` fails one request; any
-other exception from TensorRT-LLM marks the engine dead (health 503).
+engine's result through `self._inflight` (inflight.py). Every call into TensorRT-LLM runs under
+errors.py's translation: `RequestError` fails one request; any other exception marks the engine
+dead (health 503).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from trtllm_gateway.engine.protocol import (
 )
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.engine.trtllm import disagg
+from trtllm_gateway.engine.trtllm.errors import ErrorTranslator, TrtllmRequestError
 from trtllm_gateway.engine.trtllm.inflight import InFlight
 from trtllm_gateway.engine.trtllm.kv_events import start_kv_feed
 from trtllm_gateway.engine.trtllm.limits import check_request
@@ -56,9 +58,7 @@ from trtllm_gateway.engine.trtllm.stats import StatsPoller
 
 logger = logging.getLogger(__name__)
 
-
-class TrtllmRequestError(EngineError):
-    """TensorRT-LLM failed this one request (its RequestError); the engine keeps serving."""
+__all__ = ["TrtllmEngine", "TrtllmRequestError"]  # the request error is named here too
 
 
 class TrtllmEngine:
@@ -75,7 +75,7 @@ class TrtllmEngine:
         self._trt = import_trtllm()
         self._llmapi = import_llmapi()
         set_trtllm_log_level(settings.log_level)
-        self._request_error: type[BaseException] = self._llmapi.RequestError
+        self._errors = ErrorTranslator(self._llmapi.RequestError, self._mark_dead)
         self._settings = settings
         self._args = resolve_trtllm_args(settings)
         logger.info("TensorRT-LLM args validated against %s", validated_against(self._args))
@@ -175,37 +175,34 @@ class TrtllmEngine:
         first_token_at: float | None = None
         try:
             first = True
-            async for step in result:
-                event = step_event(
-                    step,
-                    prompt_tokens=len(req.prompt_token_ids),
-                    logprobs_k=req.sampling.logprobs,
-                    prompt_logprobs_k=req.sampling.prompt_logprobs,
-                    first=first,
-                    lead_tokens=lead if first else 0,
-                    lead_logprobs=lead_lps,
-                    end_id=sp.end_id,
-                )
-                if event is None:
-                    continue
-                first = False
-                if first_token_at is None and event.token_ids:
-                    first_token_at = time.monotonic()
-                if event.finish_reason is not None:
-                    finished = True
-                    event = dataclasses.replace(event, timings=_timings(started, first_token_at))
-                yield event
-                if finished:
-                    return
-        except self._request_error as exc:
-            finished = True
-            raise TrtllmRequestError(str(exc)) from None
-        except (EngineError, asyncio.CancelledError, GeneratorExit):
+            with self._errors.translated():
+                async for step in result:
+                    event = step_event(
+                        step,
+                        prompt_tokens=len(req.prompt_token_ids),
+                        logprobs_k=req.sampling.logprobs,
+                        prompt_logprobs_k=req.sampling.prompt_logprobs,
+                        first=first,
+                        lead_tokens=lead if first else 0,
+                        lead_logprobs=lead_lps,
+                        end_id=sp.end_id,
+                    )
+                    if event is None:
+                        continue
+                    first = False
+                    if first_token_at is None and event.token_ids:
+                        first_token_at = time.monotonic()
+                    if event.finish_reason is not None:
+                        finished = True
+                        event = dataclasses.replace(
+                            event, timings=_timings(started, first_token_at)
+                        )
+                    yield event
+                    if finished:
+                        return
+        except EngineError:
+            finished = True  # TensorRT-LLM ended the request itself: nothing left to abort
             raise
-        except Exception as exc:
-            finished = True
-            self._mark_dead(exc)
-            raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
         finally:
             self._release(req.request_id, result, finished)
 
@@ -298,17 +295,11 @@ class TrtllmEngine:
         if req.images:
             inputs = self._mm_inputs(req)
             sp.add_special_tokens = False  # the decoded prompt already has them
-        try:
+        # A bad parameter generate_async rejects is the request's fault, not the engine's.
+        with self._errors.translated(invalid=(ValueError, TypeError)):
             result = self._llm.generate_async(
                 inputs, sampling_params=sp, streaming=streaming, disaggregated_params=params
             )
-        except self._request_error as exc:
-            raise TrtllmRequestError(str(exc)) from None
-        except (ValueError, TypeError) as exc:
-            raise InvalidRequestError(str(exc)) from None
-        except Exception as exc:
-            self._mark_dead(exc)
-            raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
         logger.debug("request %s is TensorRT-LLM request %s", req.request_id, result.request_id)
         self._inflight.add(req.request_id, result)
         if self._stats is not None:
@@ -318,18 +309,13 @@ class TrtllmEngine:
     async def _await_result(self, request_id: str, result: Any) -> Any:
         done = False
         try:
-            out = await result
+            with self._errors.translated():
+                out = await result
             done = True
             return out
-        except self._request_error as exc:
-            done = True
-            raise TrtllmRequestError(str(exc)) from None
-        except asyncio.CancelledError:
+        except EngineError:
+            done = True  # TensorRT-LLM ended the request itself: nothing left to abort
             raise
-        except Exception as exc:
-            done = True
-            self._mark_dead(exc)
-            raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
         finally:
             self._release(request_id, result, done)
 
