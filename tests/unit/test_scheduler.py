@@ -9,6 +9,8 @@
 - preemption: when a running sequence needs a block and none is free, the most recently
   admitted sequence is preempted: its blocks are freed, its progress reset, and it goes back to
   the front of the queue (itself, when it is the newest: it then skips the step);
+- a waiting sequence holds no blocks, so two admissible requests cannot stall each other
+  (a regression: a waiting sequence used to keep the cached prefix it matched);
 - the prefix cache: a second prompt with the same full blocks starts after them (always at
   least one token left to compute), is counted in prefix_queries/prefix_hits, and a request
   that wants prompt logprobs skips the cache;
@@ -17,7 +19,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
@@ -128,9 +129,10 @@ def test_preemption_evicts_the_newest_running_sequence_and_frees_its_blocks() ->
     assert _step(sched) == [("b", 0, 9)]
 
 
-def test_a_preempted_sequence_waits_with_its_cached_prefix() -> None:
-    """With prefix caching, the victim finds its own prefix block again in the same step and
-    holds it while it waits at the head of the queue."""
+def test_a_preempted_sequence_waits_without_blocks_and_finds_its_prefix_again() -> None:
+    """With prefix caching, the victim's first block stays cached after preemption; while it
+    waits it holds nothing (so it cannot pin blocks nobody may preempt), and once admitted it
+    starts after that block."""
     sched = _scheduler(num_blocks=4)
     a, b = _seq("a", list(range(8))), _seq("b", list(range(100, 108)))
     sched.add(a)
@@ -138,9 +140,11 @@ def test_a_preempted_sequence_waits_with_its_cached_prefix() -> None:
     _step(sched)
     b_first = b.block_table[0]
     assert _step(sched) == [("a", 8, 1)]
-    assert b.status is Status.WAITING and b.block_table == [b_first] and b.num_computed == 4
+    assert b.status is Status.WAITING and b.block_table == [] and b.num_computed == 0
+    assert sched.blocks.num_free == 1
     sched.finish(a)
     assert _step(sched) == [("b", 4, 5)]
+    assert b.block_table[0] == b_first and b.num_cached == 0  # counted once, when first admitted
 
 
 def test_a_sequence_that_is_itself_the_newest_preempts_itself() -> None:
@@ -156,11 +160,6 @@ def test_a_sequence_that_is_itself_the_newest_preempts_itself() -> None:
     assert sched.running == [b] and sched.blocks.num_free == 2
 
 
-@pytest.mark.xfail(
-    reason="bug: a waiting sequence holds the cached prefix blocks it matched while it cannot "
-    "be admitted (scheduler.py _match_prefix before the can_allocate break), and only running "
-    "sequences are preempted, so two admissible requests can stall each other for ever"
-)
 def test_waiting_sequences_holding_cached_blocks_cannot_stall_the_engine() -> None:
     # Both requests pass the engine's admission rule: prompt + max_tokens fit in the cache.
     sched = _scheduler(num_blocks=4)

@@ -4,6 +4,7 @@ Every step packs the running sequences first (one token per decode, the next chu
 unfinished prefill), then admits waiting sequences while the token budget, the batch-size cap and
 the free KV blocks allow. When a running sequence needs a block and none is free, the most
 recently admitted sequence is preempted: its blocks are freed and it waits to be recomputed.
+A waiting sequence holds no blocks: it looks up its cached prefix each time it is tried.
 """
 
 from __future__ import annotations
@@ -74,13 +75,18 @@ class Scheduler:
                 chunks.append(ScheduledChunk(seq, seq.num_computed, 1))
                 budget -= 1
                 continue
-            if not seq.block_table:
-                self._match_prefix(seq)
+            self._match_prefix(seq)
             n = min(seq.num_tokens - seq.num_computed, budget)
             need = self.blocks.blocks_needed(seq.num_computed + n) - len(seq.block_table)
             if not self.blocks.can_allocate(need):
-                break  # head-of-line waits; add() refused requests that can never fit
+                # Head-of-line waits (add() refused requests that can never fit), holding no
+                # blocks: a waiting sequence that kept its matched prefix could never be
+                # preempted, and two of them could hold each other's blocks for ever.
+                self.release(seq)
+                seq.num_computed = 0
+                break
             seq.block_table += self.blocks.allocate(need)
+            self._count_prefix(seq)
             self.waiting.popleft()
             seq.status = Status.RUNNING
             if seq.first_scheduled is None:
@@ -117,6 +123,9 @@ class Scheduler:
         self.blocks.acquire(found)
         seq.block_table = list(found)
         seq.num_computed = len(found) * bs
+
+    def _count_prefix(self, seq: Sequence) -> None:
+        """Prefix-cache counters, once a request, when it is first admitted."""
         if seq.preemptions == 0:
             self.prefix_queries += seq.prompt_len
             self.prefix_hits += seq.num_computed
