@@ -1,19 +1,19 @@
-"""POST /v1/chat/completions: schema -> chat template -> GenerateRequest(s) -> engine -> render."""
+"""POST /v1/chat/completions: schema -> chat template -> choices on a GenerationRun, rendered by
+ChatRenderer."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from trtllm_gateway.app.deps import Serving, ServingDep, StateDep
 from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.app.state import State
-from trtllm_gateway.engine.protocol import GenerateRequest
-from trtllm_gateway.routers import generation as gen
+from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.routers import sampling
 from trtllm_gateway.routers.chat_agent import (
     ChoiceReply,
     guided_decoding,
@@ -22,8 +22,10 @@ from trtllm_gateway.routers.chat_agent import (
     template_tools,
 )
 from trtllm_gateway.routers.chat_images import load_images, template_messages
-from trtllm_gateway.routers.chunk_template import TextChunk
+from trtllm_gateway.routers.fanout import Item
+from trtllm_gateway.routers.generation import GenerationRun, serve
 from trtllm_gateway.routers.render import ChoiceDelta, ChoiceRenderer, chat_logprobs
+from trtllm_gateway.routers.renderer import Envelope, TextChunks
 from trtllm_gateway.routers.reply import ReplyPlan
 from trtllm_gateway.routers.schemas import (
     ChatCompletionChoice,
@@ -48,40 +50,81 @@ router = APIRouter(tags=["chat"])
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, serving: ServingDep, state: StateDep
 ) -> Response:
-    arrival = time.monotonic()
-    request_id = gen.new_request_id(request, "chatcmpl")
-    return await gen.admitted(
-        request, serving, body.n, lambda: _chat(body, serving, state, request_id, arrival)
+    return await serve(
+        request, serving, body, "chatcmpl", body.n, lambda run: _plan(body, serving, state, run)
     )
 
 
 def _check(body: ChatCompletionRequest, serving: Serving) -> None:
-    gen.check_common(body, serving)
+    sampling.check_common(body, serving)
     if not body.messages:
         raise BadRequestError("messages must not be empty.", param="messages")
     if body.top_logprobs and not body.logprobs:
         raise BadRequestError("top_logprobs requires logprobs=true.", param="top_logprobs")
-    gen.check_logprobs(body.top_logprobs, "top_logprobs", serving.settings.max_logprobs)
+    sampling.check_logprobs(body.top_logprobs, "top_logprobs", serving.settings.max_logprobs)
     check_tools(body)
 
 
-class _ChatRun:
-    """Everything one request's chunks are built from."""
+async def _plan(
+    body: ChatCompletionRequest, serving: Serving, state: State, run: GenerationRun
+) -> ChatRenderer:
+    """Checks, images, the chat template, then n choices over the one prompt."""
+    _check(body, serving)
+    constraint = build_constraint(body)  # its 400s before any templating or fetching
+    images = tuple(await load_images(body.messages, serving.info, state))
+    messages = template_messages(body.messages, serving.tokenizer)
+    prompt = await asyncio.to_thread(
+        serving.tokenizer.encode_chat,
+        messages,
+        add_generation_prompt=body.add_generation_prompt,
+        chat_template_kwargs=template_kwargs(body),
+        tools=template_tools(body),
+    )
+    requested = body.max_completion_tokens or body.max_tokens
+    max_tokens = sampling.resolve_max_tokens(requested, len(prompt), serving.info.max_model_len)
+    plan = reply_plan(body, serving, prompt)
+    guided = await guided_decoding(constraint, serving, plan)
+    top_n = body.top_logprobs or 0
+    for i in range(body.n):
+        params = sampling.sampling_params(
+            body,
+            max_tokens,
+            logprobs=top_n if body.logprobs else None,
+            seed_offset=i,
+            guided=guided,
+        )
+        run.add(prompt, params, images, keep_special_tokens=plan.keeps_special_tokens)
+    renderers = [c.renderer for c in run.choices]
+    return ChatRenderer(run.envelope, body, serving.tokenizer, renderers, plan, len(prompt))
 
-    def __init__(self, body: ChatCompletionRequest, serving: Serving, request_id: str) -> None:
-        self.body = body
-        self.serving = serving
-        self.request_id = request_id
-        self.created = int(time.time())
+
+class ChatRenderer:
+    """Chat's chunks and response: role chunks first, then content (or, with a reply plan,
+    reasoning / content / tool-call deltas), usage as stream_options ask."""
+
+    def __init__(
+        self,
+        envelope: Envelope,
+        body: ChatCompletionRequest,
+        tokenizer: Tokenizer,
+        renderers: list[ChoiceRenderer],
+        plan: ReplyPlan,
+        prompt_tokens: int,
+    ) -> None:
+        self.envelope = envelope
+        self.tokenizer = tokenizer
+        self.logprobs_on = bool(body.logprobs)
         self.top_n = body.top_logprobs or 0
-        self.renderers: list[ChoiceRenderer] = []
-        self.templates: dict[int, TextChunk] = {}  # text-only chunk per choice index
-        self.prompt_tokens = 0
-        self.plan = ReplyPlan()
-        self.replies: list[ChoiceReply] = []  # one per choice when the plan parses replies
-        opts = body.stream_options
-        self.include_usage = bool(opts and opts.include_usage)
-        self.continuous = bool(opts and opts.include_usage and opts.continuous_usage_stats)
+        self.renderers = renderers
+        self.plan = plan
+        self.prompt_tokens = prompt_tokens
+        # One parser per choice when the plan parses replies (reasoning, tool calls).
+        self.replies = [
+            ChoiceReply(plan.create(), plan.forced_tool is not None)
+            for _ in renderers
+            if plan.active
+        ]
+        self.text_chunks = TextChunks(self._text_chunk)
 
     def usage(self) -> UsageInfo:
         completion = sum(r.completion_tokens for r in self.renderers)
@@ -102,18 +145,25 @@ class _ChatRun:
         )
 
     def chunk(self, choices: list[ChatCompletionChunkChoice]) -> ChatCompletionChunk:
+        return self._chunk(choices, self.usage() if self.envelope.continuous else None)
+
+    def _chunk(
+        self, choices: list[ChatCompletionChunkChoice], usage: UsageInfo | None
+    ) -> ChatCompletionChunk:
+        env = self.envelope
         return ChatCompletionChunk(
-            id=self.request_id,
-            created=self.created,
-            model=self.serving.model_name,
-            choices=choices,
-            usage=self.usage() if self.continuous else None,
+            id=env.request_id, created=env.created, model=env.model, choices=choices, usage=usage
+        )
+
+    def _text_chunk(self, index: int, text: str) -> ChatCompletionChunk:
+        return self.chunk(
+            [ChatCompletionChunkChoice(index=index, delta=DeltaMessage(content=text))]
         )
 
     def logprobs(self, delta: ChoiceDelta) -> list[ChatLogprob] | None:
-        if not self.body.logprobs:
+        if not self.logprobs_on:
             return None
-        return chat_logprobs(self.serving.tokenizer, delta.logprobs, self.top_n)
+        return chat_logprobs(self.tokenizer, delta.logprobs, self.top_n)
 
     def prelude(self) -> list[ChatCompletionChunk]:
         role = DeltaMessage(role="assistant", content="")
@@ -122,13 +172,13 @@ class _ChatRun:
             for i in range(len(self.renderers))
         ]
 
-    def render(self, index: int, delta: ChoiceDelta) -> Iterable[ChatCompletionChunk | bytes]:
+    def chunks(self, index: int, delta: ChoiceDelta) -> Iterable[ChatCompletionChunk | bytes]:
         if delta.is_empty:
             return ()
         if self.replies:
-            return self._render_parsed(index, delta)
-        if delta.finish_reason is None and not self.body.logprobs and not self.continuous:
-            return (self._template(index).render(delta.text),)  # text only: the common chunk
+            return self._parsed_chunks(index, delta)
+        if delta.finish_reason is None and not self.logprobs_on and not self.envelope.continuous:
+            return (self.text_chunks.render(index, delta.text),)  # text only: the common chunk
         content = self.logprobs(delta)
         choice = ChatCompletionChunkChoice(
             index=index,
@@ -139,7 +189,7 @@ class _ChatRun:
         )
         return (self.chunk([choice]),)
 
-    def _render_parsed(self, index: int, delta: ChoiceDelta) -> Iterable[ChatCompletionChunk]:
+    def _parsed_chunks(self, index: int, delta: ChoiceDelta) -> Iterable[ChatCompletionChunk]:
         parsed, finish = self.replies[index].feed(delta)
         content = self.logprobs(delta)
         if parsed.is_empty and finish is None and not content:
@@ -153,28 +203,10 @@ class _ChatRun:
         )
         return (self.chunk([choice]),)
 
-    def _template(self, index: int) -> TextChunk:
-        template = self.templates.get(index)
-        if template is None:
-            delta = DeltaMessage(content=TextChunk.marker())
-            marked = self.chunk([ChatCompletionChunkChoice(index=index, delta=delta)])
-            template = self.templates[index] = TextChunk(marked)
-        return template
-
     def epilogue(self) -> list[ChatCompletionChunk]:
-        if not self.include_usage:
-            return []
-        return [
-            ChatCompletionChunk(
-                id=self.request_id,
-                created=self.created,
-                model=self.serving.model_name,
-                choices=[],
-                usage=self.usage(),
-            )
-        ]
+        return [self._chunk([], self.usage())] if self.envelope.include_usage else []
 
-    def response(self, items: list[gen.Item]) -> ChatCompletionResponse:
+    def response(self, items: Sequence[Item]) -> ChatCompletionResponse:
         logprobs: list[list[ChatLogprob]] = [[] for _ in self.renderers]
         for index, delta in items:
             logprobs[index].extend(self.logprobs(delta) or ())
@@ -184,7 +216,7 @@ class _ChatRun:
             ChatCompletionChoice(
                 index=i,
                 message=self._message(i, r),
-                logprobs=ChatLogprobs(content=logprobs[i]) if self.body.logprobs else None,
+                logprobs=ChatLogprobs(content=logprobs[i]) if self.logprobs_on else None,
                 finish_reason=self.replies[i].finish_reason(r.finish_reason)
                 if self.replies
                 else r.finish_reason,
@@ -192,10 +224,11 @@ class _ChatRun:
             )
             for i, r in enumerate(self.renderers)
         ]
+        env = self.envelope
         return ChatCompletionResponse(
-            id=self.request_id,
-            created=self.created,
-            model=self.serving.model_name,
+            id=env.request_id,
+            created=env.created,
+            model=env.model,
             choices=choices,
             usage=self.usage(),
         )
@@ -204,57 +237,3 @@ class _ChatRun:
         if self.replies:
             return self.replies[index].message()
         return ChatResponseMessage(content=renderer.text)
-
-
-async def _chat(
-    body: ChatCompletionRequest, serving: Serving, state: State, request_id: str, arrival: float
-) -> Response:
-    _check(body, serving)
-    constraint = build_constraint(body)  # its 400s before any templating or fetching
-    images = tuple(await load_images(body.messages, serving.info, state))
-    messages = template_messages(body.messages, serving.tokenizer)
-    prompt = await asyncio.to_thread(
-        serving.tokenizer.encode_chat,
-        messages,
-        add_generation_prompt=body.add_generation_prompt,
-        chat_template_kwargs=template_kwargs(body),
-        tools=template_tools(body),
-    )
-    requested = body.max_completion_tokens or body.max_tokens
-    max_tokens = gen.resolve_max_tokens(requested, len(prompt), serving.info.max_model_len)
-    run = _ChatRun(body, serving, request_id)
-    run.prompt_tokens = len(prompt)
-    run.plan = reply_plan(body, serving, prompt)
-    guided = await guided_decoding(constraint, serving, run.plan)
-    choices = []
-    engine_ids = gen.engine_request_ids(request_id, body.n)
-    for i in range(body.n):
-        sampling = gen.sampling_params(
-            body,
-            max_tokens,
-            logprobs=run.top_n if body.logprobs else None,
-            seed_offset=i,
-            guided=guided,
-        )
-        renderer = ChoiceRenderer(
-            serving.tokenizer,
-            prompt,
-            stop=body.stop_strings,
-            include_stop_str_in_output=body.include_stop_str_in_output,
-            stop_token_ids=sampling.stop_token_ids,
-            keep_special_tokens=run.plan.keeps_special_tokens,
-        )
-        run.renderers.append(renderer)
-        if run.plan.active:
-            run.replies.append(ChoiceReply(run.plan.create(), run.plan.forced_tool is not None))
-        req = GenerateRequest(engine_ids[i], tuple(prompt), sampling, images)
-        choices.append(gen.Choice(i, req, renderer))
-    items = gen.start(serving, choices, arrival)
-    prelude = run.prelude()  # before the peek: role chunks report zero completion tokens
-    headers = {"X-Request-Id": request_id}
-    if body.stream:
-        return await gen.stream_response(
-            serving, request_id, items, (prelude, run.render, run.epilogue), headers
-        )
-    response = run.response(await gen.collect(await gen.peek(items), items))
-    return JSONResponse(response.model_dump(mode="json"), headers=headers)
