@@ -1,12 +1,15 @@
 """`make bench`: the CPU suite (real SmolLM2 behind the HTTP server) and docs/benchmarks.md.
 
 Starts `python -m trtllm_gateway serve` on the default model (CPU, dtype auto), waits for
-/health, runs
-bench.serve at concurrency 1, 8 and 32 (random 128-token prompts, 128 output tokens, ignore_eos,
-streaming), notes the machine load before each run, and rewrites the CPU section of
-docs/benchmarks.md. --gpu-summary FILE pastes a bench/gpu_suite.sh summary into the GPU section.
+/health, runs bench.serve at concurrency 1, 8 and 32 (random 128-token prompts, 128 output tokens,
+ignore_eos, streaming), notes the machine load before each run, and rewrites the CPU section of
+docs/benchmarks.md. With --llama-server PATH the same client, prompts and concurrencies then run
+against llama.cpp's server on the same GGUF (2 threads, one slot per concurrent request), in the
+same run, and the table compares the two. --gpu-summary FILE pastes a bench/gpu_suite.sh summary
+into the GPU section.
 
   python -m bench.run                      # CPU suite, then update docs/benchmarks.md
+  python -m bench.run --llama-server /path/to/llama-server
   python -m bench.run --gpu-summary /tmp/bench-gpu/summary.md --skip-cpu
 """
 
@@ -19,11 +22,16 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 DOC = Path("docs/benchmarks.md")
-REFERENCE = {1: 129.0, 8: 237.0, 32: 299.0}  # llama.cpp server, same GGUF, same kind of machine
+# llama.cpp's server, same GGUF, same kind of machine, measured in an earlier session: the
+# reference when --llama-server is not given.
+REFERENCE = {1: 129.0, 8: 237.0, 32: 299.0}
+# Issue 14's targets: the gateway's output tok/s over llama.cpp's, measured in one run.
+TARGET_RATIO = {1: 0.6, 8: 1.3, 32: 2.0}
 
 
 def _load() -> str:
@@ -43,23 +51,31 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def cpu_suite(args: argparse.Namespace) -> dict[str, Any]:
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 600.0) -> None:
+    """Poll GET url until 200 (a model load can take minutes on a first start)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready after {timeout:.0f} s")
+
+
+def _measure(args: argparse.Namespace, server_cmd: list[str], health: str) -> list[dict[str, Any]]:
+    """Start one server, run bench.serve at each concurrency, stop it."""
     port = str(args.port)
-    server_cmd = [
-        sys.executable,
-        "-m",
-        "trtllm_gateway",
-        "serve",
-        "--device",
-        "cpu",
-        "--port",
-        port,
-    ]
-    server_cmd += ["--max-batch-size", "32", "--log-level", "warning", *args.server_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(server_cmd, env=env)
     runs = []
     try:
+        _wait_ready(f"http://127.0.0.1:{port}{health}", server)
         for conc in args.concurrency:
             n = max(args.min_prompts, 2 * conc)
             cmd = [sys.executable, "-m", "bench.serve", "--base-url", f"http://127.0.0.1:{port}"]
@@ -76,6 +92,33 @@ def cpu_suite(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         server.terminate()
         server.wait(timeout=60)
+    return runs
+
+
+def llama_server_cmd(args: argparse.Namespace) -> list[str]:
+    """llama.cpp's server on the GGUF the gateway loads: 2 threads, a slot per concurrent request,
+    continuous batching (its default), each slot with room for the prompt and the output."""
+    from trtllm_gateway.engine.model_source import default_gguf
+
+    slots = max(args.concurrency)
+    ctx = slots * (args.input_len + args.output_len + 16)
+    return [
+        str(args.llama_server), "-m", str(default_gguf()), "--port", str(args.port),
+        "--host", "127.0.0.1", "-t", "2", "-tb", "2", "-np", str(slots), "-c", str(ctx),
+        "--no-webui", "--log-disable",
+    ]  # fmt: skip
+
+
+def cpu_suite(args: argparse.Namespace) -> dict[str, Any]:
+    server_cmd = [sys.executable, "-m", "trtllm_gateway", "serve", "--device", "cpu"]
+    server_cmd += ["--port", str(args.port), "--max-batch-size", "32", "--log-level", "warning"]
+    server_cmd += args.server_args
+    runs = _measure(args, server_cmd, "/health")
+    llama_runs: list[dict[str, Any]] = []
+    llama_cmd: list[str] = []
+    if args.llama_server is not None:
+        llama_cmd = llama_server_cmd(args)
+        llama_runs = _measure(args, llama_cmd, "/health")
     import torch
 
     return {
@@ -87,31 +130,60 @@ def cpu_suite(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(["python -m bench.run", *sys.argv[1:]]),
         "server": " ".join(["trtllm-gateway serve", *server_cmd[4:]]),
         "runs": runs,
+        "llama_server": " ".join(["llama-server", *llama_cmd[1:]]) if llama_cmd else None,
+        "llama_version": _llama_version(args.llama_server),
+        "llama_runs": llama_runs,
     }
 
 
+def _llama_version(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    out = subprocess.run([str(path), "--version"], capture_output=True, text=True, check=False)
+    return (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout + out.stderr) else None
+
+
 def cpu_markdown(res: dict[str, Any]) -> str:
+    same_run = bool(res.get("llama_runs"))
     lines = [
         f"Measured {res['date']} on {res['cpu']} ({res['cores']} cores), torch {res['torch']}, "
         f"Python {res['python']}. Command: `{res['command']}` (server: `{res['server']}`). "
         "Real SmolLM2-135M-Instruct (the packaged GGUF, dequantized), dtype auto, streaming "
         "/v1/completions, random prompts, ignore_eos.",
-        "",
-        "| Concurrency | Output tok/s | llama.cpp | Target | TTFT p50 / p99 (ms) | TPOT mean (ms) "
-        "| ITL p50 / p99 (ms) | Load before / after |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    if same_run:
+        lines[0] += (
+            f" llama.cpp in the same run, after the gateway, same client and prompts: "
+            f"`{res['llama_server']}` ({res['llama_version']})."
+        )
+    else:
+        lines[0] += " llama.cpp: the earlier session's figures (not this run)."
+    lines += [
+        "",
+        "| Concurrency | Output tok/s | llama.cpp | Ratio | Target | TTFT p50 / p99 (ms) "
+        "| TPOT mean (ms) | ITL p50 / p99 (ms) | Load before / after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    llama = {r["max_concurrency"]: r for r in res.get("llama_runs") or []}
     for r in res["runs"]:
         c = r["max_concurrency"]
-        ref = REFERENCE.get(c, float("nan"))
-        target = ref / 2 if c == 1 else ref
-        met = r["output_throughput"] >= target if c == 1 else r["output_throughput"] > target
+        ref = llama[c]["output_throughput"] if c in llama else REFERENCE.get(c, float("nan"))
+        ratio = r["output_throughput"] / ref
+        want = TARGET_RATIO.get(c)
+        target = "none" if want is None else f">= {want}x ({'met' if ratio >= want else 'not met'})"
         lines.append(
             f"| {c} ({r['input_len']} in / {r['output_len']} out, {r['num_prompts']} requests) | "
-            f"**{r['output_throughput']:.1f}** | {ref:.0f} | {'>=' if c == 1 else '>'} "
-            f"{target:.0f} ({'met' if met else 'not met'}) | {r['ttft_ms']['p50']:.0f} / "
+            f"**{r['output_throughput']:.1f}** | {ref:.1f} | {ratio:.2f}x | {target} "
+            f"| {r['ttft_ms']['p50']:.0f} / "
             f"{r['ttft_ms']['p99']:.0f} | {r['tpot_ms']['mean']:.1f} | {r['itl_ms']['p50']:.1f} / "
             f"{r['itl_ms']['p99']:.1f} | {r['load_before']} / {r['load_after']} |"
+        )
+    for r in res.get("llama_runs") or []:
+        lines.append(
+            f"| llama.cpp, {r['max_concurrency']} | {r['output_throughput']:.1f} | | | | "
+            f"{r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f} | {r['tpot_ms']['mean']:.1f} "
+            f"| {r['itl_ms']['p50']:.1f} / {r['itl_ms']['p99']:.1f} "
+            f"| {r['load_before']} / {r['load_after']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -134,21 +206,25 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[])
     p.add_argument("--skip-cpu", action="store_true")
+    p.add_argument(
+        "--llama-server", type=Path, default=None, help="llama.cpp's llama-server binary"
+    )
     p.add_argument("--gpu-summary", type=Path, default=None)
     p.add_argument("--json-out", type=Path, default=None)
+    p.add_argument("--doc", type=Path, default=DOC, help="the Markdown file to rewrite")
     args = p.parse_args()
     res = None if args.skip_cpu else cpu_suite(args)
     # Read the document only now: it may have been edited while the benchmark ran.
-    doc = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    doc = args.doc.read_text() if args.doc.exists() else "# Benchmarks\n"
     if args.gpu_summary is not None:
         doc = replace_section(doc, "gpu", args.gpu_summary.read_text())
     if res is not None:
         if args.json_out is not None:
             args.json_out.write_text(json.dumps(res, indent=1))
         doc = replace_section(doc, "cpu", cpu_markdown(res))
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(doc)
-    print(f"wrote {DOC}")
+    args.doc.parent.mkdir(parents=True, exist_ok=True)
+    args.doc.write_text(doc)
+    print(f"wrote {args.doc}")
 
 
 if __name__ == "__main__":
