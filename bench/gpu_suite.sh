@@ -15,6 +15,7 @@ B8=${B8:-384}               # 8B --max-batch-size; offline --fit-batch caps it t
 NUM135=${NUM135:-512}       # 135M requests, offline and over HTTP
 LEN=${LEN:-1024}            # input and output tokens a request (smaller only for a dry run)
 MODES135=${MODES135:-process thread}  # 135M one-token-per-chunk runs: --[no-]engine-process
+SMALLTOK8=${SMALLTOK8:-}    # non-empty: also serve 8B with $TOK as is (ids past it stream nothing)
 PYSPY=${PYSPY:-}            # a py-spy binary: sample gateway and core in the 135M si=1 process run
 CONC=256
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -34,14 +35,15 @@ URL=http://127.0.0.1:$PORT
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-# serve NAME MODEL MAX_BATCH STREAM_INTERVAL ENGINE_FLAG NUM [PROFILE]: one server, one bench.serve
+# serve NAME MODEL MAX_BATCH STREAM_INTERVAL ENGINE_FLAG NUM [PROFILE]: one server (tokenizer
+# $SERVE_TOK, default $TOK), one bench.serve
 # run against it with bench.proc_sample recording CPU and the running gauge once a second;
 # PROFILE=1 also records 10 s of py-spy stacks of the gateway and the core mid-run.
 serve() {
   local name=$1 model=$2 mb=$3 si=$4 flag=$5 num=$6 profile=${7:-}
   echo "$(date -u +%T) serve $name"
-  python3 -m trtllm_gateway serve --model "$model" $ENGINE --tokenizer "$TOK" --port $PORT \
-    --max-batch-size "$mb" --stream-interval "$si" "$flag" --log-level warning \
+  python3 -m trtllm_gateway serve --model "$model" $ENGINE --tokenizer "${SERVE_TOK:-$TOK}" \
+    --port $PORT --max-batch-size "$mb" --stream-interval "$si" "$flag" --log-level warning \
     > "$OUT/server_$name.log" 2>&1 &
   local server=$!
   python3 -c "from bench.serve import wait_ready; wait_ready('$URL', 300)" || {
@@ -100,7 +102,12 @@ if has 8b; then
   tail -1 "$OUT/offline_8b.log" > "$OUT/offline_8b.json"
   fit=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_running'])" \
     "$OUT/offline_8b.json" 2>/dev/null || echo "$B8")
-  serve 8b_si1 $M8 "$fit" 1 --engine-process "$NUM8"
+  # The 8B shape samples ids past $TOK's vocabulary, which would decode to nothing and stream
+  # no chunk; the padded copy makes every token a chunk, as a real Llama-3 tokenizer would.
+  python3 -m bench.vocab_pad "$TOK" /tmp/tok-8b \
+    "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" $M8)"
+  SERVE_TOK=/tmp/tok-8b serve 8b_si1 $M8 "$fit" 1 --engine-process "$NUM8"
+  [[ -n "${SMALLTOK8:-}" ]] && serve 8b_si1_smalltok $M8 "$fit" 1 --engine-process "$NUM8"
 fi
 # 2b: HF transformers generate, same shape and lengths, one static batch.
 has hf && python3 -m bench.hf_baseline --model $M8 --batch-sizes 128 64 > "$OUT/hf_8b.log" 2>&1

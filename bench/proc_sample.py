@@ -44,6 +44,13 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _is_core(proc: psutil.Process) -> bool:
+    try:
+        return any("engine.core" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 class _Cpu:
     """CPU % of each process and thread since the previous call, by pid and thread id."""
 
@@ -100,10 +107,9 @@ def sample(pid: int, client_pid: int | None, metrics_url: str | None, interval: 
         row: dict[str, Any] = {"t": round(now - t0, 2)}
         if server:
             row["gateway"] = _process_row(pid, pct[pid])
-            kids = [(p.pid, pct[p.pid]) for p in server[1:]]
-            if kids:  # the engine core process (and any helpers it started)
-                core_pid, core = max(kids, key=lambda k: sum(k[1].values()))
-                row["core"] = _process_row(core_pid, core)
+            core = next((p.pid for p in server[1:] if _is_core(p)), None)
+            if core:  # --engine-process: the step loop's own process
+                row["core"] = _process_row(core, pct[core])
         if clients:
             row["client_cpu"] = round(sum(sum(pct[p.pid].values()) for p in clients), 1)
         if metrics_url:

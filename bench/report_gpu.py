@@ -18,6 +18,11 @@ _HTTP = {
     "135m_si1_thread": ("135m", "one token per chunk, engine thread", 0.85),
     "135m_si8": ("135m", "`--stream-interval 8`, engine process", 0.85),
     "8b_si1": ("8b", "one token per chunk, engine process", 0.98),
+    "8b_si1_smalltok": (
+        "8b",
+        "engine process, 49k-id tokenizer: ids past it stream no chunk",
+        0.98,
+    ),
 }
 
 

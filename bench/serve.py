@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing as mp
 import random
 import time
+from collections.abc import Callable
+from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
 import httpx
@@ -92,25 +95,45 @@ async def one_request(
     return out
 
 
-async def worker_main(job: dict[str, Any]) -> list[dict[str, Any]]:
+async def worker_main(job: dict[str, Any], claim: Callable[[], int]) -> list[dict[str, Any]]:
+    """`concurrency` lanes, each sending the next unclaimed request once its arrival time has
+    come. Indices are claimed from one counter shared by every client process, so the cap is
+    global: a slot freed in any process takes the next request (a static share per process
+    would leave some processes' last requests for a late wave when the engine runs fewer than
+    the cap, which an in-process run with one semaphore does not have)."""
     limits = httpx.Limits(max_connections=job["concurrency"] + 4)
     timeout = httpx.Timeout(None, connect=30.0)
-    sem = asyncio.Semaphore(job["concurrency"])
-    start_at = job["start_at"]
+    start_at, requests = job["start_at"], job["requests"]
+    results: list[dict[str, Any]] = []
     async with httpx.AsyncClient(base_url=job["base_url"], limits=limits, timeout=timeout) as c:
 
-        async def run(offset: float, body: dict[str, Any]) -> dict[str, Any]:
-            delay = start_at + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            async with sem:
-                return await one_request(c, body, job["endpoint"])
+        async def lane() -> None:
+            while (i := claim()) < len(requests):
+                offset, body = requests[i]
+                delay = start_at + offset - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                results.append(await one_request(c, body, job["endpoint"]))
 
-        return list(await asyncio.gather(*(run(o, b) for o, b in job["requests"])))
+        await asyncio.gather(*(lane() for _ in range(job["concurrency"])))
+    return results
 
 
 def _worker(job: dict[str, Any]) -> list[dict[str, Any]]:
-    return asyncio.run(worker_main(job))
+    return asyncio.run(worker_main(job, itertools.count().__next__))
+
+
+def _claim_from(counter: Synchronized[int]) -> Callable[[], int]:
+    def claim() -> int:
+        with counter.get_lock():
+            counter.value += 1
+            return counter.value - 1
+
+    return claim
+
+
+def _worker_process(job: dict[str, Any], counter: Synchronized[int], out: mp.Queue[Any]) -> None:
+    out.put(asyncio.run(worker_main(job, _claim_from(counter))))
 
 
 def request_body(args: argparse.Namespace, model: str, prompt: list[int] | str) -> dict[str, Any]:
@@ -167,23 +190,29 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     conc = args.max_concurrency or args.num_prompts
     workers = max(1, min(args.workers, conc))
     start_at = time.perf_counter() + (0.5 if workers == 1 else 3.0)  # spawned clients start
-    jobs = []
-    for w in range(workers):
-        share = range(w, args.num_prompts, workers)
-        jobs.append(
-            {
-                "base_url": base,
-                "endpoint": endpoint,
-                "concurrency": len(range(w, conc, workers)),
-                "start_at": start_at,
-                "requests": [(offsets[i], request_body(args, model, prompts[i])) for i in share],
-            }
-        )
+    requests = [(offsets[i], request_body(args, model, prompts[i])) for i in range(len(prompts))]
+    jobs = [
+        {
+            "base_url": base,
+            "endpoint": endpoint,
+            "concurrency": len(range(w, conc, workers)),
+            "start_at": start_at,
+            "requests": requests,
+        }
+        for w in range(workers)
+    ]
     if workers == 1:
         results = _worker(jobs[0])
     else:
-        with mp.get_context("spawn").Pool(workers) as pool:
-            results = [r for rs in pool.map(_worker, jobs) for r in rs]
+        ctx = mp.get_context("spawn")
+        counter = ctx.Value("q", 0)
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_worker_process, args=(j, counter, out)) for j in jobs]
+        for proc in procs:
+            proc.start()
+        results = [r for _ in procs for r in out.get()]
+        for proc in procs:
+            proc.join()
     return metrics(results, args)
 
 
