@@ -3,7 +3,8 @@
 # Usage (on the device): bash bench/gpu_call.sh [tests] [suite]
 #   suite: bench/gpu_suite.sh (its STAGES, NUM8, B8, NUM135, MODES135 pass through) under a
 #   SUITE_TIMEOUT (default 540 s), its files packed into $OUT/bench-gpu.tgz (the device tool
-#   returns at most 8 files) beside summary.md; the tokenizer comes from .whl/tok.
+#   returns at most 8 files) beside summary.md; the tokenizer comes from .whl/tok; PYSPY= (empty)
+#   turns the py-spy sampling off.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:. TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}
@@ -22,7 +23,7 @@ for what in "$@"; do
       timeout 400 python3 -m pytest tests/gpu -q -x -o filterwarnings=ignore -p no:cacheprovider \
         > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc=$?"; tail -5 "$OUT/gpu_tests.log" ;;
     suite)
-      OUT=/tmp/bench-gpu TOK=${TOK:-.whl/tok} PYSPY=/tmp/site/bin/py-spy \
+      OUT=/tmp/bench-gpu TOK=${TOK:-.whl/tok} PYSPY=${PYSPY-/tmp/site/bin/py-spy} \
         timeout "${SUITE_TIMEOUT:-540}" bash bench/gpu_suite.sh 2>&1 | tee "$OUT/suite.log"
       cp /tmp/bench-gpu/summary.md "$OUT/" 2>/dev/null
       tar czf "$OUT/bench-gpu.tgz" -C /tmp bench-gpu ;;
