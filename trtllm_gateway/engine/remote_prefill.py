@@ -54,7 +54,8 @@ class SiblingMismatchError(Exception):
 
 
 class RemotePrefillEngine:
-    """Wraps the local engine; every protocol member but generate is the inner engine's."""
+    """Wraps the local engine; every protocol member but generate is the inner engine's (extras
+    adds this wrapper's sibling stats to the inner engine's)."""
 
     def __init__(
         self,

@@ -84,7 +84,7 @@ async def load(serving: ServingDep, state: StateDep) -> Response:
     health = state.health()
     engine = serving.engine
     blocks = engine.kv_event_log.num_blocks if isinstance(engine, KvEventSource) else 0
-    load = wire.Load(
+    report = wire.Load(
         state=health.state,
         running=health.running,
         waiting=health.waiting,
@@ -94,4 +94,4 @@ async def load(serving: ServingDep, state: StateDep) -> Response:
         in_flight=serving.admission.in_flight,
         queued=serving.admission.queued,
     )
-    return Response(wire.encode(load), media_type="application/json")
+    return Response(wire.encode(report), media_type="application/json")
