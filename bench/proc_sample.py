@@ -9,7 +9,7 @@ several threads; a thread at ~100% is the one that cannot go faster.
   python -m bench.proc_sample --pid SERVER --client-pid BENCH \\
       --metrics-url http://127.0.0.1:8123/metrics > samples.jsonl   # until SIGTERM
 
-One JSON object a line; `summary(path)` averages the lines where the engine had work.
+One JSON object a line; `summary(path)` averages the lines with every slot busy.
 """
 
 from __future__ import annotations
@@ -129,12 +129,14 @@ def _mean(rows: list[dict[str, Any]], *keys: str) -> float | None:
 
 
 def summary(path: Path) -> dict[str, Any]:
-    """Means over the samples where requests were running (the measured window)."""
+    """Means over the samples with the most requests running (every slot busy): the steady
+    state, without the ramp-up and the tail, which every run has and which would dilute it."""
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError):
         return {}
-    busy = [r for r in rows if r.get("running", 0) > 0]
+    peak = max((r.get("running") or 0 for r in rows), default=0)
+    busy = [r for r in rows if peak and r.get("running") == peak]
     if not busy:
         return {}
     return {

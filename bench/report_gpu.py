@@ -102,7 +102,7 @@ def summary(d: Path) -> str:
 
 def _where(d: Path, served: dict[str, dict[str, Any]]) -> list[str]:
     """Per HTTP run: chunks/s, and the CPU of the gateway, its event loop (main thread), the
-    engine (core process or engine thread) and the client, averaged while requests ran."""
+    engine (core process or engine thread) and the client, with every slot busy."""
     rows = []
     for name, srv in served.items():
         cpu = cpu_summary(d / f"samples_{name}.jsonl")
@@ -122,8 +122,8 @@ def _where(d: Path, served: dict[str, dict[str, Any]]) -> list[str]:
         return []
     return [
         "",
-        "Where the time goes (bench.proc_sample, once a second while requests ran; CPU in % of "
-        "one core):",
+        "Where the time goes (bench.proc_sample, once a second; means of the samples with the "
+        "most requests running; CPU in % of one core):",
         "",
         "| Run | Chunks/s | Gateway CPU | Gateway main thread (event loop) | Engine CPU | "
         "Client CPU (8 procs) | Running / waiting | Samples |",
