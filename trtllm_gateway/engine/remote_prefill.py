@@ -198,8 +198,8 @@ class RemotePrefillEngine:
         except wire.SiblingWireError as e:
             raise SiblingError(f"bad prefill response: {e}") from None
         if isinstance(self.inner, KvHandoff):
-            assert disagg.ctx_request_id is not None
-            disagg = replace(disagg, kv_payload=await self._pull(sib, disagg.ctx_request_id))
+            kv = await self._pull(sib, answer.disaggregated_params.ctx_request_id)
+            disagg = replace(disagg, kv_payload=kv)
         self._mark(sib, healthy=True)
         return disagg
 
