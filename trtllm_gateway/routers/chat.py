@@ -51,7 +51,7 @@ async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, serving: ServingDep, state: StateDep
 ) -> Response:
     return await serve(
-        request, serving, body, "chatcmpl", body.n, lambda run: _plan(body, serving, state, run)
+        request, serving, body, "chatcmpl", body.n, lambda run: _parse(body, serving, state, run)
     )
 
 
@@ -65,7 +65,7 @@ def _check(body: ChatCompletionRequest, serving: Serving) -> None:
     check_tools(body)
 
 
-async def _plan(
+async def _parse(
     body: ChatCompletionRequest, serving: Serving, state: State, run: GenerationRun
 ) -> ChatRenderer:
     """Checks, images, the chat template, then n choices over the one prompt."""

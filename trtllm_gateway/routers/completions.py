@@ -38,7 +38,7 @@ async def create_completion(
 ) -> Response:
     weight = body.n * prompt_count(body.prompt)
     return await serve(
-        request, serving, body, "cmpl", weight, lambda run: _plan(body, serving, run)
+        request, serving, body, "cmpl", weight, lambda run: _parse(body, serving, run)
     )
 
 
@@ -99,7 +99,7 @@ def _tokenize(body: CompletionRequest, serving: Serving) -> list[_Prompt]:
     return out
 
 
-async def _plan(
+async def _parse(
     body: CompletionRequest, serving: Serving, run: GenerationRun
 ) -> CompletionRenderer:
     """Checks, tokenization, then n choices per prompt (choice index = prompt * n + j)."""

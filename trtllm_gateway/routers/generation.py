@@ -24,18 +24,18 @@ from trtllm_gateway.routers.schemas import SamplingFields
 from trtllm_gateway.routers.streaming import collect, peek_stream, stream_frames
 
 # An endpoint's parse step: add the request's choices to the run, return how to render them.
-Plan = Callable[["GenerationRun"], Awaitable[Renderer]]
+Parse = Callable[["GenerationRun"], Awaitable[Renderer]]
 
 
 async def serve(
-    request: Request, serving: Serving, body: SamplingFields, prefix: str, weight: int, plan: Plan
+    request: Request, serving: Serving, body: SamplingFields, prefix: str, weight: int, parse: Parse
 ) -> Response:
     """Reserve `weight` engine requests before any work (503 + Retry-After when full), parse and
     run under the disconnect watcher, and release the slot when the response has ended."""
     run = GenerationRun(serving, body, request_context.new_request_id(prefix))
     slot = serving.admission.reserve(weight)
     try:
-        response = await cancel_on_disconnect(request.receive, run.respond(plan))
+        response = await cancel_on_disconnect(request.receive, run.respond(parse))
     except BaseException:
         slot.release()
         raise
@@ -85,9 +85,9 @@ class GenerationRun:
         self.choices.append(Choice(index, request, renderer))
         return renderer
 
-    async def respond(self, plan: Plan) -> Response:
-        """Parse (plan), start every choice, and answer: SSE chunks or one JSON response."""
-        renderer = await plan(self)
+    async def respond(self, parse: Parse) -> Response:
+        """Parse the request (its choices), start every choice, answer: SSE or one JSON body."""
+        renderer = await parse(self)
         serving = self.serving
         streams = [
             choice_stream(serving.engine, c, serving.metrics.recorder(self.arrival))
