@@ -24,7 +24,7 @@ import pytest
 
 from tests.engine.conftest import EngineFactory, greedy
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.config import core_client as builtin_core_client
+from trtllm_gateway.engine.builtin.core_launch import core_client as builtin_core_client
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,

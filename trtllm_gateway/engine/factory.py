@@ -37,7 +37,7 @@ def _create_local(settings: Settings) -> Engine:
 
         return EncodeEngine(settings)
     if settings.engine == "builtin" and settings.engine_process:
-        from trtllm_gateway.engine.builtin.config import core_client
+        from trtllm_gateway.engine.builtin.core_launch import core_client
 
         return core_client(settings)
     if settings.engine == "builtin":

@@ -1,17 +1,17 @@
-"""The built-in engine's core, as the gateway starts it: its Settings and its client.
+"""EngineConfig: the settings the built-in engine needs, read once from the gateway's Settings.
 
-The core gets the gateway's Settings without what only the HTTP side may hold (API keys).
+Both fronts build it (EngineCore in its process, BuiltinEngine in the gateway) and read their
+limits from it, never from loose Settings fields; the model loader and the image embedder get
+`load`, the Settings without what only the HTTP side may hold (API keys).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.core import EngineCore
-from trtllm_gateway.engine.core.client import CoreClient
-from trtllm_gateway.engine.core.inproc import ThreadLauncher
-from trtllm_gateway.engine.core.launch import Launcher
-from trtllm_gateway.engine.core.process import ProcessLauncher
 from trtllm_gateway.engine.model_source import model_display_name
+from trtllm_gateway.engine.protocol import Mode
 
 
 def engine_settings(settings: Settings) -> Settings:
@@ -19,13 +19,28 @@ def engine_settings(settings: Settings) -> Settings:
     return settings.model_copy(update={"api_key": [], "api_key_file": None})
 
 
-def core_client(settings: Settings, *, in_thread: bool = False) -> CoreClient:
-    """The CoreClient over the built-in EngineCore: in its own process, or a thread."""
-    core_settings = engine_settings(settings)
-    launcher: Launcher = (
-        ThreadLauncher(core_settings, EngineCore)
-        if in_thread
-        else ProcessLauncher(core_settings, EngineCore)
-    )
-    name = settings.served_model_name or model_display_name(settings.model)
-    return CoreClient(launcher, name, settings.block_size)
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    load: Settings  # for the loader and the image embedder; API keys dropped
+    model_id: str
+    mode: Mode
+    seed: int  # seeds the generator of each request that gives no seed
+    stream_interval: int
+    block_size: int
+    max_batch_size: int
+    max_num_tokens: int
+    kv_handoff_timeout: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineConfig:
+        return cls(
+            load=engine_settings(settings),
+            model_id=settings.served_model_name or model_display_name(settings.model),
+            mode=settings.mode,
+            seed=settings.seed,
+            stream_interval=settings.stream_interval,
+            block_size=settings.block_size,
+            max_batch_size=settings.max_batch_size,
+            max_num_tokens=settings.max_num_tokens,
+            kv_handoff_timeout=settings.kv_handoff_timeout,
+        )

@@ -1,7 +1,9 @@
 """BuiltinEngine: the asyncio front of the PyTorch engine; the step loop runs in its own thread.
 
 Requests and aborts reach the thread through an inbox; token events come back to per-request
-asyncio.Queues, one call_soon_threadsafe per step for the whole batch.
+asyncio.Queues, one call_soon_threadsafe per step for the whole batch. Its EngineParts (stepper,
+admission, info) are assembled as EngineCore's are (parts.py); only what a thread front does
+differently (images and grammars prepared off the event loop) is its own.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import asyncio
 import json
 import logging
 import queue
-import random
 import threading
 import time
 from collections import Counter
@@ -18,23 +19,16 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.kv_transfer import decode_kv
+from trtllm_gateway.engine.builtin.config import EngineConfig
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
-from trtllm_gateway.engine.builtin.sampler import Sampler, check_token_ids
-from trtllm_gateway.engine.builtin.scheduler import Scheduler
+from trtllm_gateway.engine.builtin.parts import EngineParts, assemble
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.builtin.stream_interval import Event, StreamInterval, merge_events
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder, create_embedder
-from trtllm_gateway.engine.guided.matcher import GuidedFactory
 from trtllm_gateway.engine.kv_events import KvEventLog
-from trtllm_gateway.engine.kv_wire import KvWireError
-from trtllm_gateway.engine.model_source import model_display_name
 from trtllm_gateway.engine.protocol import (
-    ContextTooLongError,
     EngineDeadError,
     EngineExtras,
     EngineHealth,
@@ -55,8 +49,10 @@ _Event = Event
 class BuiltinEngine:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        name = settings.served_model_name or model_display_name(settings.model)
-        self.info = EngineInfo(model_id=name, max_model_len=0, vocab_size=0, eos_token_ids=())
+        self.config = EngineConfig.from_settings(settings)
+        self.info = EngineInfo(
+            model_id=self.config.model_id, max_model_len=0, vocab_size=0, eos_token_ids=()
+        )
         self.tokenizer_dir: Any = None
         self._state: EngineState = "loading"
         self._detail = ""
@@ -65,42 +61,27 @@ class BuiltinEngine:
         self._queues: dict[str, asyncio.Queue[_Event]] = {}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._rng = random.Random(settings.seed)
         self._loaded: LoadedModel | None = None
+        self._parts: EngineParts | None = None
         self._stepper: Stepper | None = None
-        self._guided: GuidedFactory | None = None
         self._vision: ImageEmbedder | None = None
-        self._interval = StreamInterval(settings.stream_interval)
-        self.kv_event_log = KvEventLog(settings.block_size)  # KvEventSource: the prefix cache's
+        self._interval = StreamInterval(self.config.stream_interval)
+        self.kv_event_log = KvEventLog(self.config.block_size)  # KvEventSource: the prefix cache's
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         try:
-            self._loaded = await asyncio.to_thread(load, self.settings)
+            self._loaded = await asyncio.to_thread(load, self.config.load)
         except Exception as e:
             self._state, self._detail = "dead", f"model failed to load: {e}"
             raise
         lm = self._loaded
         self.tokenizer_dir = lm.model_dir
-        self._vision = create_embedder(lm.vision, self.settings) if lm.vision else None
-        self.info = replace(
-            self.info,
-            max_model_len=lm.max_model_len,
-            vocab_size=lm.cfg.vocab_size,
-            eos_token_ids=lm.cfg.eos_token_ids,
-            mode=self.settings.mode,
-            kv_layout=lm.kv_layout,
-            supports_images=self._vision is not None,
-            max_batch_size=self.settings.max_batch_size,
-        )
-        self.kv_event_log.num_blocks = lm.blocks.num_blocks
-        lm.blocks.events = self.kv_event_log
-        lm.blocks.clear_cache()  # event 0: a reader starts from an empty cache
-        sched = Scheduler(lm.blocks, self.settings.max_batch_size, self.settings.max_num_tokens)
-        self._stepper = Stepper(lm, sched, Sampler(lm.cfg.eos_token_ids), lm.max_model_len)
-        self._guided = GuidedFactory(lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids)
-        self._stepper.handoff_timeout = self.settings.kv_handoff_timeout
+        self._vision = create_embedder(lm.vision, self.config.load) if lm.vision else None
+        parts = self._parts = assemble(lm, self.config, self.kv_event_log)
+        self.info = parts.info
+        self._stepper = parts.stepper
         self._thread = threading.Thread(target=self._run, name="builtin-engine", daemon=True)
         self._thread.start()
         self._state = "ready"
@@ -117,20 +98,9 @@ class BuiltinEngine:
         self._state = "dead" if self._detail else "draining"
 
     def health(self) -> EngineHealth:
-        st = self._stepper
-        if st is None:
+        if self._parts is None:
             return EngineHealth(state=self._state, detail=self._detail)
-        s = st.scheduler
-        return EngineHealth(
-            state=self._state,
-            running=len(s.running),
-            waiting=len(s.waiting),
-            kv_usage=s.blocks.usage,
-            preemptions=s.preemptions,
-            prefix_cache_queries=s.prefix_queries,
-            prefix_cache_hits=s.prefix_hits,
-            detail=self._detail,
-        )
+        return self._parts.health(self._state, self._detail)
 
     # --- requests -------------------------------------------------------------------------
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
@@ -194,23 +164,9 @@ class BuiltinEngine:
 
     def _prepare_import(self, seq: Sequence, req: GenerateRequest) -> TokenEvent:
         d = req.disagg
-        assert d is not None and self._stepper is not None
-        if not isinstance(d.kv_payload, bytes) or not d.first_token_ids:
-            raise InvalidRequestError("generation_only needs the sibling's KV and first token")
-        if not all(0 <= t < self.info.vocab_size for t in d.first_token_ids):
-            raise InvalidRequestError("the sibling's first token ids are out of the vocabulary")
-        try:
-            num_tokens, kv = decode_kv(d.kv_payload, self.info.kv_layout)
-        except KvWireError as e:
-            raise InvalidRequestError(f"remote prefill KV refused: {e}") from e
-        if num_tokens != seq.prompt_len:
-            raise InvalidRequestError(
-                f"remote prefill KV covers {num_tokens} tokens, the prompt has {seq.prompt_len}"
-            )
-        seq.kv_import = kv
-        seq.token_ids += d.first_token_ids
-        seq.first_token = time.perf_counter()
-        return TokenEvent(d.first_token_ids, d.first_logprobs)
+        assert d is not None and self._parts is not None
+        blob = d.kv_payload if isinstance(d.kv_payload, bytes) else None
+        return self._parts.admission.import_first(seq, d.first_token_ids, d.first_logprobs, blob)
 
     async def _stream(self, seq: Sequence, first: TokenEvent | None) -> AsyncIterator[TokenEvent]:
         q: asyncio.Queue[_Event] = asyncio.Queue()
@@ -249,38 +205,26 @@ class BuiltinEngine:
     def _admit(self, req: GenerateRequest) -> Sequence:
         if self._state == "loading":
             raise OverloadedError("the model is still loading")
-        if self._state != "ready" or self._stepper is None:
+        if self._state != "ready" or self._parts is None:
             raise EngineDeadError(self._detail or "the engine is not serving")
-        n, sp = len(req.prompt_token_ids), req.sampling
-        if n == 0:
-            raise InvalidRequestError("the prompt is empty")
-        if req.request_id in self._queues:
+        # An empty prompt gets Admission's own refusal, whatever else is wrong with it.
+        if req.prompt_token_ids and req.request_id in self._queues:
             raise InvalidRequestError(f"request id {req.request_id!r} is already in flight")
-        if req.images and not self.info.supports_images:
+        if req.prompt_token_ids and req.images and not self.info.supports_images:
             raise InvalidRequestError("model does not accept images")
-        if n + sp.max_tokens > self.info.max_model_len:
-            raise ContextTooLongError(n, sp.max_tokens, self.info.max_model_len)
-        check_token_ids(req, self.info.vocab_size)
-        blocks = self._stepper.scheduler.blocks
-        if blocks.blocks_needed(n + sp.max_tokens) > blocks.num_blocks:
-            raise InvalidRequestError(
-                f"prompt ({n}) plus max_tokens ({sp.max_tokens}) needs more KV cache than the "
-                f"engine has ({blocks.num_blocks * blocks.block_size} tokens)"
-            )
-        seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
-        gen = torch.Generator(device=self._stepper.device).manual_seed(seed)
-        return Sequence.from_request(req, gen)
+        return self._parts.admission.sequence(req)
 
     async def _admit_async(self, req: GenerateRequest) -> Sequence:
         """_admit, then the slow parts off the event loop: images, the grammar's matcher."""
         seq = await self._admit_images(req) if req.images else self._admit(req)
         guided = req.sampling.guided
         if guided is not None:
-            assert self._guided is not None
+            assert self._parts is not None
+            matchers = self._parts.guided
             # A constraint seen before is copied here, so a burst of such requests reaches the
             # engine together (a thread hop each would stagger them into separate prefills).
-            seq.guided = self._guided.cached_matcher(guided) or await asyncio.to_thread(
-                self._guided.matcher, guided
+            seq.guided = matchers.cached_matcher(guided) or await asyncio.to_thread(
+                matchers.matcher, guided
             )
         return seq
 

@@ -19,8 +19,7 @@ from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits
 from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
 from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_tiles
 from trtllm_gateway.engine.builtin.model import LlamaModel
-from trtllm_gateway.engine.builtin.runner import StepOutput
-from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk
+from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, StepOutput
 from trtllm_gateway.engine.builtin.vision.placement import image_embeds_for, touches_images
 
 PromptLogprobsFn = Callable[[ScheduledChunk, torch.Tensor], None]

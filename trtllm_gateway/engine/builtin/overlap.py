@@ -7,19 +7,32 @@ Only then does the host wait for step N's ids (already copied by then) and run t
 and events. A sequence that stopped at step N has one wasted token computed in step N+1, whose
 result is dropped. Steps that sample with penalties (which read the token history) or with a
 grammar constraint (whose mask needs the previous token) resolve the step in flight first.
+
+The pipeline is given its collaborators (the scheduler, the runner, the sampler, and the Outcomes
+that turn a resolved token into its event), not the Stepper that owns it.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from trtllm_gateway.engine.builtin.sampler import PendingSample, row_failure
+from trtllm_gateway.engine.builtin.outcomes import Emitted, Outcomes
+from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler, row_failure
+from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, Scheduler, StepOutput
 from trtllm_gateway.engine.builtin.sequence import Sequence
 
 if TYPE_CHECKING:
-    from trtllm_gateway.engine.builtin.stepper import Emitted, Stepper
+    import torch
+
+
+class StepRunner(Protocol):
+    """What the pipeline needs of ModelRunner: a forward pass that resolves placeholder ids."""
+
+    def run(self, chunks: list[ScheduledChunk], prev: torch.Tensor | None = None) -> StepOutput:
+        """prev: the previous step's sampled ids on the device, for placeholders -(r + 1)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -40,8 +53,13 @@ def _reads_history(seq: Sequence) -> bool:
 
 
 class OverlapPipeline:
-    def __init__(self, stepper: Stepper) -> None:
-        self.st = stepper
+    def __init__(
+        self, scheduler: Scheduler, runner: StepRunner, sampler: Sampler, outcomes: Outcomes
+    ) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.sampler = sampler
+        self.outcomes = outcomes
         self.inflight: _InFlight | None = None
 
     def forget(self, seq: Sequence) -> None:
@@ -50,20 +68,19 @@ class OverlapPipeline:
             seq.token_ids.pop()
 
     def step(self) -> Emitted:
-        st = self.st
         events: Emitted = []
         if self.inflight is not None and any(_reads_history(s) for s in self.inflight.seqs):
             events += self._drain()
-        chunks = st.scheduler.schedule()
+        chunks = self.scheduler.schedule()
         if not chunks:
             return events + self._drain()
         prev = self.inflight.pending.token_ids if self.inflight is not None else None
-        out = st.runner.run(chunks, prev)
+        out = self.runner.run(chunks, prev)
         seqs = [c.seq for c in out.sample_chunks]
-        pending = st.sampler.sample_async(out.logits, seqs) if seqs else None
+        pending = self.sampler.sample_async(out.logits, seqs) if seqs else None
         # The GPU now runs this step; finish the previous one on the host meanwhile.
         events += self._drain()
-        st.scheduler.commit([c for c in chunks if not c.seq.is_finished])
+        self.scheduler.commit([c for c in chunks if not c.seq.is_finished])
         for row, seq in enumerate(seqs):
             if not seq.is_finished:
                 seq.token_ids.append(-(row + 1))
@@ -82,8 +99,8 @@ class OverlapPipeline:
                 continue  # stopped or aborted while this step ran
             if r.error is not None:
                 self.forget(seq)
-                events += self.st.fail([seq], row_failure(seq, f"sampling failed: {r.error}"))
+                events += self.outcomes.fail([seq], row_failure(seq, f"sampling failed: {r.error}"))
                 continue
             seq.token_ids[-1] = r.token_id
-            self.st.accept(seq, r, now, events)
+            self.outcomes.accept(seq, r, now, events)
         return events

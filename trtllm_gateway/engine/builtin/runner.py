@@ -9,7 +9,6 @@ stepper schedules step N+1 before step N's tokens reach the host (see overlap.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,17 +20,11 @@ from trtllm_gateway.engine.builtin.attention import (
 )
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.sampler import logprob_entry
-from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk
+from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, StepOutput
 from trtllm_gateway.engine.builtin.vision.placement import image_embeds_for
 
 if TYPE_CHECKING:
     from trtllm_gateway.engine.builtin.kernel_path import KernelPath
-
-
-@dataclass(slots=True)
-class StepOutput:
-    sample_chunks: list[ScheduledChunk]  # chunks that sample, in the row order of logits
-    logits: torch.Tensor  # [len(sample_chunks), vocab] float32
 
 
 class ModelRunner:

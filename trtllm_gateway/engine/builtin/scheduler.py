@@ -13,9 +13,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trtllm_gateway.engine.builtin.block_manager import BlockManager, block_hash
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
@@ -28,6 +32,14 @@ class ScheduledChunk:
     def samples(self) -> bool:
         """True when the chunk reaches the end of the sequence, so a token is sampled."""
         return self.start + self.length == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What a forward pass over scheduled chunks gives the sampler (both runner paths)."""
+
+    sample_chunks: list[ScheduledChunk]  # chunks that sample, in the row order of logits
+    logits: torch.Tensor  # [len(sample_chunks), vocab] float32
 
 
 class Scheduler:

@@ -1,0 +1,81 @@
+"""Admission: a request checked against the engine's limits, turned into a Sequence.
+
+One home for what both built-in fronts (EngineCore in its process, BuiltinEngine's thread) refuse
+and how they build a Sequence: the prompt and max_tokens against the context and the KV cache,
+the token ids against the vocabulary, each request's seeded generator, and a decode-side
+request's sibling KV and first token. What only a front knows (its in-flight ids, its state,
+where a grammar compiles) stays with the front.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from trtllm_gateway.engine.builtin.block_manager import BlockManager
+from trtllm_gateway.engine.builtin.kv_transfer import decode_kv
+from trtllm_gateway.engine.builtin.sampler import check_token_ids
+from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.kv_wire import KvWireError
+from trtllm_gateway.engine.protocol import (
+    ContextTooLongError,
+    EngineInfo,
+    GenerateRequest,
+    InvalidRequestError,
+    TokenEvent,
+    TokenLogprob,
+)
+
+
+class Admission:
+    def __init__(
+        self, info: EngineInfo, blocks: BlockManager, device: torch.device, seed: int
+    ) -> None:
+        self.info = info
+        self.blocks = blocks
+        self.device = device
+        self._rng = random.Random(seed)  # a request without a seed draws its own from here
+
+    def sequence(self, req: GenerateRequest) -> Sequence:
+        """The request's Sequence, or the EngineError that says why it can never run."""
+        info, blocks = self.info, self.blocks
+        n, sp = len(req.prompt_token_ids), req.sampling
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty")
+        if n + sp.max_tokens > info.max_model_len:
+            raise ContextTooLongError(n, sp.max_tokens, info.max_model_len)
+        check_token_ids(req, info.vocab_size)
+        if blocks.blocks_needed(n + sp.max_tokens) > blocks.num_blocks:
+            raise InvalidRequestError(
+                f"prompt ({n}) plus max_tokens ({sp.max_tokens}) needs more KV cache than the "
+                f"engine has ({blocks.num_blocks * blocks.block_size} tokens)"
+            )
+        seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
+        return Sequence.from_request(req, torch.Generator(device=self.device).manual_seed(seed))
+
+    def import_first(
+        self,
+        seq: Sequence,
+        first_token_ids: tuple[int, ...],
+        first_logprobs: tuple[TokenLogprob, ...] | None,
+        blob: bytes | None,
+    ) -> TokenEvent:
+        """A decode-side request: attach the sibling's prompt KV; its first token(s) as an event."""
+        if blob is None or not first_token_ids:
+            raise InvalidRequestError("generation_only needs the sibling's KV and first token")
+        if not all(0 <= t < self.info.vocab_size for t in first_token_ids):
+            raise InvalidRequestError("the sibling's first token ids are out of the vocabulary")
+        try:
+            num_tokens, kv = decode_kv(blob, self.info.kv_layout)
+        except KvWireError as e:
+            raise InvalidRequestError(f"remote prefill KV refused: {e}") from e
+        if num_tokens != seq.prompt_len:
+            raise InvalidRequestError(
+                f"remote prefill KV covers {num_tokens} tokens, the prompt has {seq.prompt_len}"
+            )
+        seq.kv_import = kv
+        seq.token_ids += first_token_ids
+        seq.first_token = time.perf_counter()
+        return TokenEvent(first_token_ids, first_logprobs)

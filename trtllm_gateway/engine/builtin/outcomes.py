@@ -1,0 +1,119 @@
+"""Outcomes: what a sampled token means for its request: stop checks, its event, its end.
+
+Both step paths hand each sampled token here: Stepper.step at once, OverlapPipeline one step
+late. So the stop rules and the TokenEvents are written once, and the pipeline needs this object,
+the scheduler, the runner and the sampler, never the Stepper that owns it. A sequence that ends
+leaves the scheduler; a context phase (hold_kv) keeps its blocks as a hand-off for a sibling.
+"""
+
+from __future__ import annotations
+
+import time
+
+from trtllm_gateway.engine.builtin.sampler import SampleResult, row_failure
+from trtllm_gateway.engine.builtin.scheduler import Scheduler
+from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.protocol import (
+    EngineError,
+    FinishReason,
+    Timings,
+    TokenEvent,
+    TokenLogprob,
+    Usage,
+)
+
+Emitted = list[tuple[str, TokenEvent | BaseException]]
+
+
+class Outcomes:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        eos: tuple[int, ...],
+        max_model_len: int,
+        handoff_timeout: float = 30.0,
+    ) -> None:
+        self.scheduler = scheduler
+        self.eos = eos
+        self.max_model_len = max_model_len
+        self.handoff_timeout = handoff_timeout
+        self.seqs: dict[str, Sequence] = {}  # in flight, by request_id
+        # Prefill side: finished context phases whose KV blocks wait for a sibling to pull them.
+        self.handoffs: dict[str, tuple[Sequence, float]] = {}
+
+    def fail(self, seqs: list[Sequence], error: EngineError) -> Emitted:
+        for seq in seqs:
+            self.seqs.pop(seq.request_id, None)
+            self.scheduler.finish(seq)
+        return [(seq.request_id, error) for seq in seqs]
+
+    def accept(self, seq: Sequence, r: SampleResult, now: float, events: Emitted) -> None:
+        """r's token is already the last of seq.token_ids: stop checks, then its event."""
+        if seq.first_token is None:
+            seq.first_token = now
+        reason = self.finish_reason(seq, r.token_id)
+        g = seq.guided
+        if reason is None and g is not None:
+            g.sync(seq.token_ids, seq.prompt_len)
+            if g.error is not None:  # only a token the mask did not allow gets here
+                events += self.fail([seq], row_failure(seq, f"constraint failed: {g.error}"))
+                return
+            if g.done:  # the grammar is complete: nothing but EOS could follow
+                reason = "stop"
+        lps = (r.logprob,) if r.logprob is not None else None
+        if reason is not None:
+            self.seqs.pop(seq.request_id, None)
+            self.scheduler.finish(seq, keep_blocks=seq.hold_kv)
+            if seq.hold_kv:
+                self.handoffs[seq.request_id] = (seq, now + self.handoff_timeout)
+            events.append((seq.request_id, self.final_event(seq, reason, (r.token_id,), lps)))
+            return
+        events.append((seq.request_id, self.event(seq, (r.token_id,), lps)))
+
+    def finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        sp = seq.sampling
+        if token in sp.stop_token_ids and seq.output_len >= sp.min_tokens:
+            seq.stop_token_id = token
+            return "stop"
+        if not sp.ignore_eos and token in self.eos and seq.output_len >= sp.min_tokens:
+            seq.stop_token_id = token
+            return "stop"
+        if seq.output_len >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def event(
+        self, seq: Sequence, tokens: tuple[int, ...], lps: tuple[TokenLogprob, ...] | None
+    ) -> TokenEvent:
+        if seq.first_event_sent:
+            return TokenEvent(tokens, lps)  # the per-token hot path: positional is cheapest
+        seq.first_event_sent = True
+        prompt_lps = None
+        if seq.sampling.prompt_logprobs is not None:
+            prompt_lps = tuple(seq.prompt_logprobs)
+        return TokenEvent(tokens, lps, prompt_logprobs=prompt_lps)
+
+    def final_event(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        tokens: tuple[int, ...],
+        lps: tuple[TokenLogprob, ...] | None = None,
+    ) -> TokenEvent:
+        base = self.event(seq, tokens, lps)
+        now = time.perf_counter()
+        sched = seq.first_scheduled or now
+        first = seq.first_token or now
+        timings = Timings(
+            queue_s=sched - seq.arrival, prefill_s=first - sched, decode_s=now - first
+        )
+        usage = Usage(seq.prompt_len, seq.output_len, seq.num_cached)
+        return TokenEvent(
+            base.token_ids,
+            base.logprobs,
+            finish_reason=reason,
+            stop_token_id=seq.stop_token_id,
+            usage=usage,
+            timings=timings,
+            prompt_logprobs=base.prompt_logprobs,
+        )

@@ -1,0 +1,64 @@
+"""EngineParts: what a built-in front builds around a LoadedModel, built the same way for both.
+
+EngineCore (its own process) and BuiltinEngine (a thread of the gateway) each hold one: the
+Stepper the step loop drives, the Admission that turns requests into Sequences, the factory of
+grammar matchers, and the EngineInfo they announce. The prefix cache reports to the front's
+KvEventLog from event 0 (an empty cache) on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trtllm_gateway.engine.builtin.admission import Admission
+from trtllm_gateway.engine.builtin.config import EngineConfig
+from trtllm_gateway.engine.builtin.loader import LoadedModel
+from trtllm_gateway.engine.builtin.sampler import Sampler
+from trtllm_gateway.engine.builtin.scheduler import Scheduler
+from trtllm_gateway.engine.builtin.stepper import Stepper
+from trtllm_gateway.engine.guided.matcher import GuidedFactory
+from trtllm_gateway.engine.kv_events import KvEventLog
+from trtllm_gateway.engine.protocol import EngineHealth, EngineInfo, EngineState
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    stepper: Stepper
+    admission: Admission
+    guided: GuidedFactory
+    info: EngineInfo
+
+    def health(self, state: EngineState, detail: str = "") -> EngineHealth:
+        """The snapshot /health and the gauges read, from the scheduler's counters."""
+        s = self.stepper.scheduler
+        return EngineHealth(
+            state=state,
+            running=len(s.running),
+            waiting=len(s.waiting),
+            kv_usage=s.blocks.usage,
+            preemptions=s.preemptions,
+            prefix_cache_queries=s.prefix_queries,
+            prefix_cache_hits=s.prefix_hits,
+            detail=detail,
+        )
+
+
+def assemble(lm: LoadedModel, config: EngineConfig, kv_events: KvEventLog) -> EngineParts:
+    kv_events.num_blocks = lm.blocks.num_blocks
+    lm.blocks.events = kv_events
+    lm.blocks.clear_cache()  # event 0: a reader starts from an empty cache
+    sched = Scheduler(lm.blocks, config.max_batch_size, config.max_num_tokens)
+    sampler = Sampler(lm.cfg.eos_token_ids)
+    stepper = Stepper(lm, sched, sampler, lm.max_model_len, config.kv_handoff_timeout)
+    info = EngineInfo(
+        model_id=config.model_id,
+        max_model_len=lm.max_model_len,
+        vocab_size=lm.cfg.vocab_size,
+        eos_token_ids=lm.cfg.eos_token_ids,
+        mode=config.mode,
+        kv_layout=lm.kv_layout,
+        supports_images=lm.vision is not None,
+        max_batch_size=config.max_batch_size,
+    )
+    guided = GuidedFactory(lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids)
+    return EngineParts(stepper, Admission(info, lm.blocks, lm.device, config.seed), guided, info)
