@@ -54,7 +54,9 @@ class Settings(BaseSettings):
         "auto", description="Built-in engine device (auto: CUDA when available)."
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Weights and KV dtype (auto: bfloat16 on CUDA; on CPU, see docs)."
+        "auto",
+        description="Weights and KV dtype (auto: bfloat16 on CUDA, float32 on CPU unless "
+        "--quantization int8).",
     )
     max_model_len: int | None = Field(None, ge=16, description="Context length cap.")
     max_batch_size: int = Field(64, ge=1, description="Most requests running at once.")

@@ -46,27 +46,24 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto: bf16 on CUDA; on CPU bf16 where the CPU has native bf16 dot products (AVX512-BF16
-    or AMX), which ran faster than fp32 at batch 1, 8 and 32 (docs/benchmarks.md), else fp32."""
+def pick_dtype(name: str, device: torch.device, quantization: str | None = None) -> torch.dtype:
+    """auto: bf16 on CUDA; float32 on CPU, except with --quantization int8, whose int8 kernel
+    wants bf16 activations. bf16 is about twice as fast on CPUs with native bf16 dot products
+    at batch 8 and 32 (docs/benchmarks.md, "CPU dtype"), but its rounding flips greedy tokens of
+    a small model: SmolLM2-135M answered "What is the capital of France?" with "L'Etoile, la
+    Marseillaise, ..." in bf16 and "The capital of France is Paris." in float32 (HF transformers'
+    float32 answer), and a request's greedy text then depended on what it was batched with.
+    Ask for --dtype bfloat16 to trade that for speed."""
     if name != "auto":
         return _DTYPES[name]
-    if device.type == "cuda":
+    if device.type == "cuda" or quantization == "int8":
         return torch.bfloat16
-    return torch.bfloat16 if cpu_has_bf16() else torch.float32
-
-
-def cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return torch.float32
 
 
 def load(settings: Settings) -> LoadedModel:
     device = pick_device(settings.device)
-    dtype = pick_dtype(settings.dtype, device)
+    dtype = pick_dtype(settings.dtype, device, settings.quantization)
     if settings.load_format == "dummy":
         model_dir = None
         cfg = ModelConfig.from_dict(json.loads(Path(settings.model).read_text()))
