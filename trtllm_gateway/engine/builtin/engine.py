@@ -9,7 +9,7 @@ differently (images and grammars prepared off the event loop) is its own.
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import queue
 import threading
@@ -21,11 +21,12 @@ from typing import Any
 
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.config import EngineConfig
+from trtllm_gateway.engine.builtin.front import follow, prefill_result
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
 from trtllm_gateway.engine.builtin.parts import EngineParts, assemble
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.stepper import Stepper
-from trtllm_gateway.engine.builtin.stream_interval import Event, StreamInterval, merge_events
+from trtllm_gateway.engine.builtin.stream_interval import Event, StreamInterval
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder, create_embedder
 from trtllm_gateway.engine.kv_events import KvEventLog
 from trtllm_gateway.engine.protocol import (
@@ -117,21 +118,7 @@ class BuiltinEngine:
         seq = await self._admit_async(req)
         seq.hold_kv = True
         events = [ev async for ev in self._stream(seq, None)]
-        last = events[-1]
-        if last.finish_reason == "abort":
-            raise OverloadedError("the context phase was aborted")
-        usage = last.usage
-        assert usage is not None
-        return PrefillResult(
-            request_id=req.request_id,
-            first_token_ids=tuple(t for ev in events for t in ev.token_ids),
-            first_logprobs=tuple(lp for ev in events for lp in ev.logprobs or ()) or None,
-            prompt_tokens=usage.prompt_tokens,
-            cached_tokens=usage.cached_tokens,
-            opaque_state=json.dumps(
-                {"ctx_request_id": req.request_id, "kv_layout": self.info.kv_layout}
-            ).encode(),
-        )
+        return prefill_result(req.request_id, events, self.info.kv_layout)
 
     async def pull_kv(self, ctx_request_id: str) -> bytes:
         """The prompt KV of a finished context phase, as a kv_wire blob; frees its blocks."""
@@ -172,31 +159,10 @@ class BuiltinEngine:
         q: asyncio.Queue[_Event] = asyncio.Queue()
         self._queues[seq.request_id] = q
         self._submit("add", (seq, first))
-        finished = False
-        held: _Event | None = None
-        try:
-            while True:
-                item = held if held is not None else await q.get()
-                held = None
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                # A consumer that fell behind gets the tokens queued meanwhile as one event, so
-                # a slow client costs one chunk per wake-up, not one per token.
-                while item.finish_reason is None and not q.empty():
-                    nxt = q.get_nowait()
-                    if isinstance(nxt, BaseException):
-                        held = nxt
-                        break
-                    item = merge_events(item, nxt)
+        # Closed with this generator, so an abort is sent at once, not when it is collected.
+        async with contextlib.aclosing(follow(self._queues, seq.request_id, self.abort)) as events:
+            async for item in events:
                 yield item
-                if item.finish_reason is not None:
-                    finished = True
-                    return
-        finally:
-            self._queues.pop(seq.request_id, None)
-            if not finished:
-                self.abort(seq.request_id)
 
     def abort(self, request_id: str) -> None:
         self._submit("abort", request_id)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import shutil
 import tempfile
@@ -29,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from trtllm_gateway.engine.builtin.core_vision import pixel_frames
-from trtllm_gateway.engine.builtin.stream_interval import merge_events
+from trtllm_gateway.engine.builtin.front import follow, prefill_result
 from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core.launch import Launcher
 from trtllm_gateway.engine.core.loop import Addresses
@@ -147,20 +146,7 @@ class CoreClient:
         req = replace(req, sampling=replace(req.sampling, max_tokens=1))
         add, frames = self._add(req, hold_kv=True)
         events = [ev async for ev in self._stream(add, frames)]
-        last = events[-1]
-        if last.finish_reason == "abort":
-            raise OverloadedError("the context phase was aborted")
-        assert last.usage is not None
-        return PrefillResult(
-            request_id=req.request_id,
-            first_token_ids=tuple(t for ev in events for t in ev.token_ids),
-            first_logprobs=tuple(lp for ev in events for lp in ev.logprobs or ()) or None,
-            prompt_tokens=last.usage.prompt_tokens,
-            cached_tokens=last.usage.cached_tokens,
-            opaque_state=json.dumps(
-                {"ctx_request_id": req.request_id, "kv_layout": self.info.kv_layout}
-            ).encode(),
-        )
+        return prefill_result(req.request_id, events, self.info.kv_layout)
 
     def abort(self, request_id: str) -> None:
         if self._state in ("ready", "draining"):
@@ -225,19 +211,10 @@ class CoreClient:
         self._queues[add.request_id] = q
         if self._inbox is not None:
             self._inbox.send_multipart([data, *frames], copy=not frames)
-        finished = False
-        try:
-            async for item in _drain(q):
-                if item.finish_reason is not None:
-                    finished = True
+        # Closed with this generator, so an abort is sent at once, not when it is collected.
+        async with contextlib.aclosing(follow(self._queues, add.request_id, self.abort)) as events:
+            async for item in events:
                 yield item
-        except EngineError:
-            finished = True
-            raise
-        finally:
-            self._queues.pop(add.request_id, None)
-            if not finished:
-                self.abort(add.request_id)
 
     def _send(self, msg: m.Inbound, *frames: bytes) -> None:
         sock = self._inbox
@@ -354,22 +331,3 @@ def _encode_add(add: m.Add) -> bytes:
         if seed is not None and not -(2**63) <= seed < 2**64:
             raise InvalidRequestError("seed is out of range", param="seed") from None
         raise InvalidRequestError(f"a request value is out of range: {e}") from None
-
-
-async def _drain(q: asyncio.Queue[_Item]) -> AsyncIterator[TokenEvent]:
-    """A request's events until its last; tokens queued meanwhile go out as one event."""
-    held: _Item | None = None
-    while True:
-        item = held if held is not None else await q.get()
-        held = None
-        if isinstance(item, EngineError):
-            raise item
-        while item.finish_reason is None and not q.empty():
-            nxt = q.get_nowait()
-            if isinstance(nxt, EngineError):
-                held = nxt
-                break
-            item = merge_events(item, nxt)
-        yield item
-        if item.finish_reason is not None:
-            return
