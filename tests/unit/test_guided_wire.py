@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-
 import pytest
 
-from trtllm_gateway.app.errors import BadRequestError
+from trtllm_gateway.engine import sibling_wire as wire
 from trtllm_gateway.engine.protocol import GuidedDecoding, SamplingParams
-from trtllm_gateway.routers.disagg import _sampling
 
 
-def test_sampling_round_trips_through_json() -> None:
+def test_sampling_round_trips_through_the_prefill_body() -> None:
     sp = SamplingParams(
         max_tokens=5,
         logit_bias=((3, 100.0), (7, -100.0)),
@@ -20,11 +16,13 @@ def test_sampling_round_trips_through_json() -> None:
         stop_token_ids=(9,),
         guided=GuidedDecoding("json", '{"type": "object"}', start_after=(42,)),
     )
-    wire = json.loads(json.dumps(asdict(sp)))  # what RemotePrefillEngine sends
-    assert _sampling(wire) == sp
+    sent = wire.encode(wire.PrefillBody.of("r1", (1, 2, 3), sp))  # what RemotePrefillEngine sends
+    assert wire.decode(sent, wire.PrefillBody).sampling_params() == sp
 
 
-def test_malformed_guided_is_a_400() -> None:
-    with pytest.raises(BadRequestError) as exc:
-        _sampling({"guided": {"spec": "x"}})
-    assert exc.value.param == "sampling"
+def test_malformed_guided_is_refused() -> None:
+    body = wire.PrefillBody(
+        request_id="r1", prompt_token_ids=[1], sampling={"guided": {"spec": "x"}}
+    )
+    with pytest.raises(wire.SiblingWireError, match="bad sampling params"):
+        body.sampling_params()
