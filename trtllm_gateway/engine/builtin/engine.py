@@ -9,6 +9,7 @@ differently (images and grammars prepared off the event loop) is its own.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -72,19 +73,21 @@ class BuiltinEngine:
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        loaded: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._main, args=(loaded,), name="builtin-engine", daemon=True
+        )
+        self._thread.start()
         try:
-            self._loaded = await asyncio.to_thread(load, self.config.load)
+            await asyncio.wrap_future(loaded)
         except Exception as e:
             self._state, self._detail = "dead", f"model failed to load: {e}"
             raise
         lm = self._loaded
+        assert lm is not None and self._parts is not None
         self.tokenizer_dir = lm.model_dir
         self._vision = create_embedder(lm.vision, self.config.load) if lm.vision else None
-        parts = self._parts = assemble(lm, self.config, self.kv_event_log)
-        self.info = parts.info
-        self._stepper = parts.stepper
-        self._thread = threading.Thread(target=self._run, name="builtin-engine", daemon=True)
-        self._thread.start()
+        self.info = self._parts.info
         self._state = "ready"
 
     async def stop(self) -> None:
@@ -233,6 +236,22 @@ class BuiltinEngine:
             blob = InvalidRequestError(f"no KV held for {ctx_request_id!r} (expired or pulled)")
         assert self._loop is not None
         self._loop.call_soon_threadsafe(settle, blob)
+
+    def _main(self, loaded: concurrent.futures.Future[None]) -> None:
+        """Load, then step, in this one thread. torch's OpenMP threads belong to the thread that
+        runs a parallel region; a model loaded in another thread leaves a second set of them,
+        and with more OpenMP threads than cores libgomp stops spin-waiting between regions:
+        every parallel op then waits to wake its threads (a CPU decode step took 1.3-2x as
+        long, bench.cpu_step)."""
+        try:
+            self._loaded = load(self.config.load)
+            self._parts = assemble(self._loaded, self.config, self.kv_event_log)
+            self._stepper = self._parts.stepper
+        except BaseException as e:
+            loaded.set_exception(e)
+            return
+        loaded.set_result(None)
+        self._run()
 
     def _run(self) -> None:
         st = self._stepper

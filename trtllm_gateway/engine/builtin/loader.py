@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -10,9 +11,12 @@ from pathlib import Path
 import torch
 
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.attention import decode_kernel, paged_attention
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
+from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
+from trtllm_gateway.engine.builtin.packed_linear import pack_linears
 from trtllm_gateway.engine.builtin.quant import quantize_int8
 from trtllm_gateway.engine.builtin.runner import ModelRunner
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder, load_encoder
@@ -88,6 +92,8 @@ def load(settings: Settings) -> LoadedModel:
         if device.type != "cpu":
             raise ValueError("--quantization int8 is for the CPU path; CUDA runs bf16")
         logger.info("int8 weight copies for %d linear layers", quantize_int8(model))
+    elif settings.packed_weights == "auto" and device.type == "cpu" and dtype == torch.float32:
+        _pack(model)
     num_blocks = _num_blocks(settings, cfg, dtype, device)
     bs = settings.block_size
     max_len = min(max_len, num_blocks * bs)
@@ -131,3 +137,11 @@ def _num_blocks(
     else:
         budget = int(CPU_KV_BUDGET_BYTES * settings.kv_cache_fraction)
     return max(2, budget // block_bytes)
+
+
+def _pack(model: LlamaModel) -> None:
+    kernels = block_gemm()
+    if kernels is not None:
+        counts = pack_linears(model, kernels)
+        logger.info("packed weights for small steps: %s", dict(counts))
+        model.attn_fn = functools.partial(paged_attention, decode=decode_kernel(kernels))

@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 AttentionFn = Callable[..., torch.Tensor]
 
 
+def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, layer) for every nn.Linear: what weight formats swap in place."""
+    return [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()

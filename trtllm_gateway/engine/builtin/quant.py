@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trtllm_gateway.engine.builtin.model import linear_layers
+
 INT8_MAX_ROWS = 4  # at or below this many rows the int8 path wins (measured, bf16 activations)
 
 
@@ -44,12 +46,7 @@ class Int8Linear(nn.Module):
 
 def quantize_int8(model: nn.Module) -> int:
     """Wrap every nn.Linear of the model in place; returns how many were wrapped."""
-    targets = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear)
-    ]
+    targets = linear_layers(model)
     for parent, name, child in targets:
         setattr(parent, name, Int8Linear(child))
     return len(targets)

@@ -1,0 +1,134 @@
+"""Packed GGUF blocks on the CPU path: exact packing, the C++ kernels, and the engine's greedy
+tokens unchanged against dense float32 (the issue 14 requirement for a faster batch-1 step).
+
+The Q4_1 / Q8_0 weights here come from gguf-py's own quantizer and dequantizer (the code that
+wrote and that reads the default model's file), so the blocks are the real format's, not ours.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+from torch import nn
+
+from tests.engine.conftest import EngineFactory, collect, greedy
+from trtllm_gateway.engine.builtin.attention import (
+    AttentionMetadata,
+    _decode_attention,
+    decode_kernel,
+)
+from trtllm_gateway.engine.builtin.cpu_kernels import build
+from trtllm_gateway.engine.builtin.packed_linear import (
+    PACKED_MAX_ROWS,
+    PackedLinear,
+    pack_q4_1,
+    pack_q8_0,
+)
+from trtllm_gateway.engine.protocol import GenerateRequest
+
+
+@pytest.fixture(scope="module")
+def kernels() -> object:
+    k = build.block_gemm()
+    assert k is not None, "the CPU kernels must build here (make model builds them)"
+    return k
+
+
+def gguf_weights(n: int, k: int, kind: GGMLQuantizationType, seed: int = 0) -> torch.Tensor:
+    """A float32 matrix as a GGUF loader sees it: quantized and dequantized by gguf-py."""
+    x = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
+    return torch.from_numpy(quants.dequantize(quants.quantize(x, kind), kind).copy())
+
+
+def test_pack_recovers_gguf_blocks_and_refuses_anything_else() -> None:
+    w4 = gguf_weights(64, 128, GGMLQuantizationType.Q4_1)
+    qs, dm = pack_q4_1(w4)  # type: ignore[misc]
+    assert qs.shape == (64, 64) and qs.dtype == torch.uint8 and dm.shape == (64, 4, 2)
+    lo, hi = (qs & 15).view(64, 4, 16), (qs >> 4).view(64, 4, 16)
+    q = torch.cat([lo, hi], -1).float()
+    assert torch.equal(q * dm[..., :1] + dm[..., 1:], w4.view(64, 4, 32))  # bit for bit
+    w8 = gguf_weights(64, 128, GGMLQuantizationType.Q8_0)
+    q8, d = pack_q8_0(w8)  # type: ignore[misc]
+    assert torch.equal((q8.float().view(64, 4, 32) * d[..., None]).view(64, 128), w8)
+    assert pack_q4_1(torch.randn(64, 128)) is None  # plain floats are not blocks
+    assert pack_q8_0(torch.randn(64, 128)) is None
+    nudged = w4.clone()
+    nudged[3, 40] = torch.nextafter(nudged[3, 40], torch.tensor(1.0))  # one ulp off
+    assert pack_q4_1(nudged) is None
+    assert pack_q4_1(torch.randn(64, 100)) is None  # not whole blocks
+
+
+@pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0])
+def test_packed_linear_matches_dense(kernels: object, kind: GGMLQuantizationType) -> None:
+    dense = nn.Linear(576, 1536, bias=False)
+    with torch.no_grad():
+        dense.weight.copy_(gguf_weights(1536, 576, kind, seed=1))
+    pack = pack_q4_1 if kind == GGMLQuantizationType.Q4_1 else pack_q8_0
+    packed = PackedLinear(dense, kind.name.lower(), pack(dense.weight), kernels)  # type: ignore[arg-type]
+    for rows in (1, 3, PACKED_MAX_ROWS):
+        x = torch.randn(rows, 576)
+        ref = dense(x)
+        out = packed(x)
+        assert not torch.equal(out, ref) or rows == 0  # really the kernel: other rounding
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    big = torch.randn(PACKED_MAX_ROWS + 1, 576)
+    assert torch.equal(packed(big), dense(big))  # prefill-sized steps stay dense
+
+
+def test_decode_kernel_matches_sdpa(kernels: object) -> None:
+    torch.manual_seed(0)
+    bs, hk, hq, d, blocks = 16, 3, 9, 64, 40
+    k_cache = torch.randn(blocks * bs, hk, d)
+    v_cache = torch.randn(blocks * bs, hk, d)
+    lens = [1, 17, 130, 64]
+    tables = torch.stack([torch.randperm(blocks)[:9] for _ in lens])  # scattered blocks
+    longest = max(lens)
+    keep = torch.arange(longest) < torch.tensor(lens)[:, None]
+    mask = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))[:, None, None, :]
+    meta = AttentionMetadata(
+        slot_mapping=torch.empty(0),
+        num_decodes=len(lens),
+        decode_blocks=tables,
+        block_size=bs,
+        decode_len=longest,
+        decode_mask=mask,
+        decode_ctx_lens=torch.tensor(lens, dtype=torch.int32),
+    )
+    q = torch.randn(len(lens), hq, d)
+    ref = _decode_attention(q, k_cache, v_cache, meta, 0.125)
+    out = decode_kernel(kernels)(q, k_cache, v_cache, meta, 0.125)  # type: ignore[arg-type]
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_build_failure_leaves_dense(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No compiler (a slim image): a warning, None, and the loader keeps nn.Linear."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with caplog.at_level(logging.WARNING):
+        assert build.block_gemm.__wrapped__() is None
+    assert "CPU kernels unavailable" in caplog.text
+
+
+async def test_engine_packs_the_default_model_and_answers_like_dense(
+    make_engine: EngineFactory, chat_prompts: list[list[int]]
+) -> None:
+    """The real SmolLM2 GGUF: every projection is Q4_1 and the tied LM head Q8_0, all packed;
+    greedy tokens equal dense float32 on every test prompt."""
+    packed = await make_engine(packed_weights="auto")
+    dense = await make_engine(packed_weights="off")
+    model = packed._loaded.model  # type: ignore[union-attr]
+    kinds = [m.kind for m in model.modules() if isinstance(m, PackedLinear)]
+    assert kinds.count("q4_1") == 4 * model.cfg.num_layers and kinds.count("q8_0") == 1
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert not any(isinstance(m, PackedLinear) for m in dense._loaded.model.modules())  # type: ignore[union-attr]
+    for i, prompt in enumerate(chat_prompts):
+        want = await collect(dense, GenerateRequest(f"d{i}", tuple(prompt), greedy(32)))
+        got = await collect(packed, GenerateRequest(f"p{i}", tuple(prompt), greedy(32)))
+        assert [t for e in got for t in e.token_ids] == [t for e in want for t in e.token_ids]
