@@ -21,7 +21,7 @@ from torch import nn
 from trtllm_gateway.engine.builtin.model import linear_layers
 
 QK = 32  # weights per block
-PACKED_MAX_ROWS = 8  # at or below this many rows the block kernels win (docs/benchmarks.md)
+PACKED_MAX_ROWS = 64  # at or below this many rows the block kernels win (docs/benchmarks.md)
 
 
 def _blocks(w: torch.Tensor) -> torch.Tensor | None:
@@ -83,11 +83,10 @@ class PackedLinear(nn.Module):
         self.register_buffer("qs", packed[0], persistent=False)
         self.register_buffer("scales", packed[1], persistent=False)
         self._mm = kernels.q4_1_mm if kind == "q4_1" else kernels.q8_0_mm
-        self.max_rows = min(PACKED_MAX_ROWS, int(kernels.max_rows))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if rows > self.max_rows or x.dtype != torch.float32 or rows == 0:
+        if rows > PACKED_MAX_ROWS or x.dtype != torch.float32 or rows == 0:
             return nn.functional.linear(x, self.weight, self.bias)
         out: torch.Tensor = self._mm(
             x.reshape(rows, x.shape[-1]).contiguous(), self.qs, self.scales

@@ -9,5 +9,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_1_mm", &trtllm_gateway::q4_1_mm, "x @ W^T, W in Q4_1 blocks");
   m.def("q8_0_mm", &trtllm_gateway::q8_0_mm, "x @ W^T, W in Q8_0 blocks");
   m.def("decode_attention", &trtllm_gateway::decode_attention, "paged decode attention, float32");
-  m.attr("max_rows") = trtllm_gateway::MAX_ROWS;
 }

@@ -48,8 +48,8 @@ def build_dir() -> Path:
 
 @functools.cache
 def block_gemm() -> ModuleType | None:
-    """The compiled module (q4_1_mm, q8_0_mm, decode_attention, max_rows), or None when it
-    cannot be built."""
+    """The compiled module (q4_1_mm, q8_0_mm, decode_attention), or None when it cannot be
+    built."""
     if platform.machine() not in ("x86_64", "AMD64"):
         logger.info("CPU kernels are x86-64 only; dense float32 matmuls on %s", platform.machine())
         return None

@@ -9,7 +9,6 @@
 
 namespace trtllm_gateway {
 
-constexpr int64_t MAX_ROWS = 16;  // rows per call (decode-sized steps), query heads per KV head
 typedef float f32x16 __attribute__((vector_size(64)));
 
 inline f32x16 load16(const float* p) {
