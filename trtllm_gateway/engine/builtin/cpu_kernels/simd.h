@@ -18,9 +18,13 @@ inline f32x16 load16(const float* p) {
 }
 
 inline float hsum(f32x16 v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps((__m512)v);
+#else
   float s = 0.f;
   for (int i = 0; i < 16; ++i) s += v[i];
   return s;
+#endif
 }
 
 // 16 bytes -> 16 floats, zero- or sign-extended (GCC's generic vector conversion is scalar here).
