@@ -132,3 +132,24 @@ async def test_engine_packs_the_default_model_and_answers_like_dense(
         want = await collect(dense, GenerateRequest(f"d{i}", tuple(prompt), greedy(32)))
         got = await collect(packed, GenerateRequest(f"p{i}", tuple(prompt), greedy(32)))
         assert [t for e in got for t in e.token_ids] == [t for e in want for t in e.token_ids]
+
+
+def test_rms_norm_kernel_matches_portable(kernels: object) -> None:
+    from trtllm_gateway.engine.builtin.model import RMSNorm
+
+    norm = RMSNorm(576, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576))
+    x = torch.randn(5, 576) * 3
+    ref, ref_bf16 = norm(x), norm(x.bfloat16())
+    calls: list[int] = []
+
+    def counted(*a: object) -> torch.Tensor:
+        calls.append(1)
+        return kernels.rms_norm(*a)  # type: ignore[attr-defined,no-any-return]
+
+    norm.kernel = counted  # type: ignore[assignment]
+    out = norm(x)
+    assert calls == [1]  # really the kernel
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(norm(x.bfloat16()), ref_bf16)  # other dtypes keep the portable path

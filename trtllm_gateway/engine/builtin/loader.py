@@ -14,7 +14,7 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.attention import decode_kernel, paged_attention
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm
-from trtllm_gateway.engine.builtin.model import LlamaModel
+from trtllm_gateway.engine.builtin.model import LlamaModel, RMSNorm
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
 from trtllm_gateway.engine.builtin.quant import quantize_int8
@@ -145,3 +145,6 @@ def _pack(model: LlamaModel) -> None:
         counts = pack_linears(model, kernels)
         logger.info("packed weights for small steps: %s", dict(counts))
         model.attn_fn = functools.partial(paged_attention, decode=decode_kernel(kernels))
+        for m in model.modules():
+            if isinstance(m, RMSNorm):
+                m.kernel = kernels.rms_norm

@@ -40,8 +40,12 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        # The CPU kernel (cpu_kernels/rms_norm.cpp) for float32 rows, set by the loader.
+        self.kernel: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None and x.dtype == torch.float32 and x.dim() == 2:
+            return self.kernel(x.contiguous(), self.weight, self.eps)
         # Normalize in float32, round, then scale: HF's order, so bf16 rounds as it does there.
         xf = x.float()
         if xf.is_cpu:  # one fused kernel, bit-identical to the chain below on CPU

@@ -26,7 +26,9 @@ from trtllm_gateway.engine.model_source import cache_root
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / n for n in ("bindings.cpp", "block_gemm.cpp", "decode_attention.cpp")]
+SOURCES = [
+    HERE / n for n in ("bindings.cpp", "block_gemm.cpp", "decode_attention.cpp", "rms_norm.cpp")
+]
 
 
 def _cpu_flags() -> str:
@@ -48,8 +50,8 @@ def build_dir() -> Path:
 
 @functools.cache
 def block_gemm() -> ModuleType | None:
-    """The compiled module (q4_1_mm, q8_0_mm, decode_attention), or None when it cannot be
-    built."""
+    """The compiled module (q4_1_mm, q8_0_mm, decode_attention, rms_norm), or None when it
+    cannot be built."""
     if platform.machine() not in ("x86_64", "AMD64"):
         logger.info("CPU kernels are x86-64 only; dense float32 matmuls on %s", platform.machine())
         return None

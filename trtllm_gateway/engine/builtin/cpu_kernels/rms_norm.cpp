@@ -1,0 +1,39 @@
+// y = x * rsqrt(mean(x^2) + eps) * weight per row, float32 (HF's Llama RMSNorm, the same order:
+// normalize, then scale). One call instead of the five eager ops of the portable path, which
+// cost ~40 us a row at decode sizes, 61 times a step.
+#include "rms_norm.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+#include "simd.h"
+
+namespace trtllm_gateway {
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous float32 matrix");
+  const int64_t T = x.size(0), H = x.size(1);
+  TORCH_CHECK(H % 16 == 0 && weight.numel() == H && weight.scalar_type() == at::kFloat &&
+              weight.is_contiguous());
+  torch::Tensor y = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xr = xp + t * H;
+      f32x16 ss{};
+      for (int64_t j = 0; j < H; j += 16) ss += load16(xr + j) * load16(xr + j);
+      const float inv = 1.f / std::sqrt(hsum(ss) / static_cast<float>(H) + static_cast<float>(eps));
+      for (int64_t j = 0; j < H; j += 16) {
+        const f32x16 v = load16(xr + j) * inv * load16(wp + j);
+        std::memcpy(yp + t * H + j, &v, sizeof v);
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace trtllm_gateway
