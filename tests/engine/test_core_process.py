@@ -25,6 +25,7 @@ import pytest
 from tests.engine.conftest import EngineFactory, greedy
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.core_launch import core_client as builtin_core_client
+from trtllm_gateway.engine.core import shm_blob
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
@@ -163,7 +164,21 @@ async def test_disaggregation_across_two_core_processes(
     expected = await collect(decode, replace(req, request_id="agg"))
     res = await prefill.prefill(req)
     assert prefill.health().kv_usage > 0  # held for the pull
-    blob = await prefill.pull_kv(req.request_id)
+    taken: list[int] = []
+    take = shm_blob.take
+
+    def spy(name: str, size: int) -> bytes:
+        taken.append(size)
+        return take(name, size)
+
+    before = set(os.listdir(shm_blob.SHM_DIR))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(shm_blob, "take", spy)
+        blob = await prefill.pull_kv(req.request_id)
+    # The blob (float32 KV of a ~40-token prompt, over 1 MB) came through shared memory, and
+    # the segment is gone once taken.
+    assert taken == [len(blob)] and len(blob) >= shm_blob.MIN_BYTES
+    assert set(os.listdir(shm_blob.SHM_DIR)) <= before
     with pytest.raises(InvalidRequestError):
         await prefill.pull_kv(req.request_id)  # one pull only
     disagg = DisaggParams(

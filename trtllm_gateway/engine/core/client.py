@@ -30,6 +30,7 @@ import zmq.asyncio
 from trtllm_gateway.engine.builtin.core_vision import pixel_frames
 from trtllm_gateway.engine.builtin.front import follow, prefill_result
 from trtllm_gateway.engine.core import messages as m
+from trtllm_gateway.engine.core import shm_blob
 from trtllm_gateway.engine.core.launch import Launcher
 from trtllm_gateway.engine.core.loop import Addresses
 from trtllm_gateway.engine.kv_events import KvEventLog, event_from_json
@@ -252,10 +253,21 @@ class CoreClient:
                     if msg.error is not None:
                         fut.set_exception(msg.error.exception())
                     else:
-                        fut.set_result(frames[1])
+                        try:
+                            fut.set_result(frames[1] if msg.shm is None else self._take(msg))
+                        except OSError as e:
+                            fut.set_exception(EngineError(f"the KV hand-off was lost: {e}"))
+                elif msg.shm is not None:  # nobody waits for it any more: still unlink it
+                    with contextlib.suppress(OSError):
+                        self._take(msg)
             elif isinstance(msg, m.Dead):
                 self._die("" if msg.stopped else msg.detail)
                 return
+
+    @staticmethod
+    def _take(msg: m.Reply) -> bytes:
+        assert msg.shm is not None
+        return shm_blob.take(msg.shm, msg.size)
 
     def _on_exit(self) -> None:
         """The core process exited: at once, not at the next read (it may never come)."""

@@ -10,19 +10,23 @@ bug (Dead with the reason) or when the parent process is gone (no orphan engine)
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import zmq
 
 from trtllm_gateway.engine.core import messages as m
+from trtllm_gateway.engine.core import shm_blob
 
 logger = logging.getLogger(__name__)
 
 PROBE_POLL_MS = 200
+SHARED_KEPT = 256  # recent shared memory segments a core cleans up if it dies with them out
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,11 @@ def run_core(
     outbox.connect(addrs.outbox)
     stop_probe = threading.Event()
     probe: threading.Thread | None = None
+    # KV blobs go through shared memory only to another process (inproc:// frames are not copied).
+    shared: collections.deque[str] | None = None
+    if addrs.outbox.startswith("ipc://"):
+        shared = collections.deque(maxlen=SHARED_KEPT)
+    status = 1
     try:
         try:
             core = make_core()
@@ -83,12 +92,18 @@ def run_core(
         )
         probe.start()
         try:
-            return _serve(core, inbox, outbox, parent_sentinel)
+            status = _serve(core, inbox, outbox, parent_sentinel, shared)
+            return status
         except Exception as e:  # a loop bug: still tell the client, which fails its streams
             logger.exception("engine core loop failed")
             outbox.send(m.encode(m.Dead(f"engine core failed: {e}")))
             return 1
     finally:
+        if status != 0 and shared:
+            # The client reads every reply before Dead after a Stop; on any other exit it may
+            # be gone, and a segment nobody takes would outlive both processes.
+            for name in shared:
+                shm_blob.discard(name)
         stop_probe.set()
         if probe is not None:
             probe.join(2 * PROBE_POLL_MS / 1000)
@@ -97,7 +112,11 @@ def run_core(
 
 
 def _serve(
-    core: Core, inbox: zmq.Socket[bytes], outbox: zmq.Socket[bytes], parent: int | None
+    core: Core,
+    inbox: zmq.Socket[bytes],
+    outbox: zmq.Socket[bytes],
+    parent: int | None,
+    shared: collections.deque[str] | None,
 ) -> int:
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
@@ -115,7 +134,7 @@ def _serve(
         if parent is not None and parent in ready:
             logger.warning("the gateway process is gone; the engine core exits")
             return 1
-        _drain_inbox(core, inbox, outbox)
+        _drain_inbox(core, inbox, outbox, shared)
         if core.stopping:
             outbox.send(m.encode(core.batch()))
             outbox.send(m.encode(m.Dead("stopped", stopped=True)))
@@ -132,7 +151,13 @@ def _serve(
         outbox.send(m.encode(core.batch()))
 
 
-def _drain_inbox(core: Core, inbox: zmq.Socket[bytes], outbox: zmq.Socket[bytes]) -> None:
+def _drain_inbox(
+    core: Core,
+    inbox: zmq.Socket[bytes],
+    outbox: zmq.Socket[bytes],
+    shared: collections.deque[str] | None,
+) -> None:
+    """shared: the shared memory segments handed out lately (None: blobs go as frames)."""
     while True:
         try:
             frames = inbox.recv_multipart(zmq.NOBLOCK)
@@ -141,6 +166,9 @@ def _drain_inbox(core: Core, inbox: zmq.Socket[bytes], outbox: zmq.Socket[bytes]
         reply = core.handle(m.decode_inbound(frames[0]), frames[1:])
         if reply is not None:
             msg, blob = reply
+            if blob is not None and shared is not None and (name := shm_blob.put(blob)):
+                shared.append(name)
+                msg, blob = msgspec.structs.replace(msg, shm=name, size=len(blob)), None
             outbox.send_multipart([m.encode(msg)] if blob is None else [m.encode(msg), blob])
 
 

@@ -131,10 +131,13 @@ class OutputBatch(msgspec.Struct, frozen=True, tag="batch"):
 
 
 class Reply(msgspec.Struct, frozen=True, tag="reply"):
-    """The answer to an ExportKv; on success the KV blob is the next frame."""
+    """The answer to an ExportKv; on success the KV blob is the next frame, or, from a core
+    process, in the shared memory segment `shm` (`size` bytes; core/shm_blob.py)."""
 
     cookie: int
     error: RequestError | None = None
+    shm: str | None = None
+    size: int = 0
 
 
 class Dead(msgspec.Struct, frozen=True, tag="dead"):
