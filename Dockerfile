@@ -18,6 +18,7 @@ RUN python3 -m pip install \
         "fastapi>=0.115" "uvicorn>=0.30" "sse-starlette>=2.1" "prometheus-client>=0.20" \
         "prometheus-fastapi-instrumentator>=7.0" "pydantic-settings>=2.4" "httpx>=0.27" \
         "pillow>=10.0" "blake3>=0.4" "pyyaml>=6.0" "jinja2>=3.1" "gguf>=0.10" \
+        "msgspec>=0.18" "pyzmq>=25.0" "llguidance>=1.9" \
     && useradd --create-home --uid 10001 gateway
 COPY --chown=gateway:gateway trtllm_gateway ./trtllm_gateway
 USER gateway
