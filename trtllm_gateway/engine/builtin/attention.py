@@ -140,8 +140,8 @@ def _decode_attention(
 
 
 def decode_kernel(kernels: ModuleType) -> DecodeFn:
-    """Decode rows through the compiled kernel: the cache is read in place through the block
-    table (no gathered copy, no mask), float32 only; other dtypes take the SDPA path."""
+    """Decode rows through the compiled float32 kernel (the loader uses it for float32 models
+    only): the cache is read in place through the block table, no gathered copy, no mask."""
 
     def decode(
         q: torch.Tensor,
@@ -150,16 +150,9 @@ def decode_kernel(kernels: ModuleType) -> DecodeFn:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        if q.dtype != torch.float32 or meta.decode_ctx_lens is None:
-            return _decode_attention(q, k_cache, v_cache, meta, scale)
+        blocks, lens = meta.decode_blocks, meta.decode_ctx_lens
         out: torch.Tensor = kernels.decode_attention(
-            q.contiguous(),
-            k_cache,
-            v_cache,
-            meta.decode_blocks,
-            meta.decode_ctx_lens,
-            meta.block_size,
-            scale,
+            q.contiguous(), k_cache, v_cache, blocks, lens, meta.block_size, scale
         )
         return out
 

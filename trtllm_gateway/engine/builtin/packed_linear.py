@@ -86,7 +86,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if rows > PACKED_MAX_ROWS or x.dtype != torch.float32 or rows == 0:
+        if rows > PACKED_MAX_ROWS or rows == 0:  # the loader packs float32 models only
             return nn.functional.linear(x, self.weight, self.bias)
         out: torch.Tensor = self._mm(
             x.reshape(rows, x.shape[-1]).contiguous(), self.qs, self.scales

@@ -1,8 +1,9 @@
-// y[M, N] = x[M, K] @ W^T for small M, with W kept in GGUF's 32-weight blocks (Q4_1, Q8_0) and
-// float32 activations and accumulation. The weights are the model's own float values, stored
-// exactly (packed_linear.py checks every block before packing), so only the order of the float
-// additions differs from a dense float32 matmul. Batch-1 decode reads ~5x fewer bytes than float32.
-// Threads: at::parallel_for over output columns, on the OpenMP runtime torch already loaded.
+// y[M, N] = x[M, K] @ W^T for M up to PACKED_MAX_ROWS (packed_linear.py), with W kept in GGUF's
+// 32-weight blocks (Q4_1, Q8_0) and float32 activations and accumulation. The weights are the
+// model's own float values, stored exactly (packed_linear.py checks every block before packing)
+// and widened in registers back to those exact floats, so only the order of the float additions
+// differs from a dense float32 matmul. A batch-1 step reads ~5x fewer bytes than float32 weights.
+// Threads: at::parallel_for over pairs of output columns, on the OpenMP runtime torch loaded.
 #include "block_gemm.h"
 
 #include <ATen/Parallel.h>
