@@ -53,7 +53,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--quantization", choices=["none", "int8"], default="none")
-    p.add_argument("--packed-weights", choices=["auto", "off"], nargs="+", default=["auto"])
+    p.add_argument("--packed-weights", choices=["auto", "int8", "off"], nargs="+", default=["auto"])
     args = p.parse_args()
     for d, packed, b in itertools.product(args.dtype, args.packed_weights, args.batch):
         load = (

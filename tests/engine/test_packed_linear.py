@@ -80,12 +80,16 @@ def test_packed_linear_matches_dense(kernels: object, kind: GGMLQuantizationType
     assert torch.equal(packed(big), dense(big))  # prefill-sized steps stay dense
 
 
-def test_decode_kernel_matches_sdpa(kernels: object) -> None:
+@pytest.mark.parametrize(
+    ("hq", "hk", "d"),
+    [(9, 3, 64), (8, 2, 128), (12, 2, 128), (4, 4, 32)],  # AVX-512 paths (GQA 3, 4, 6); portable
+)
+def test_decode_kernel_matches_sdpa(kernels: object, hq: int, hk: int, d: int) -> None:
     torch.manual_seed(0)
-    bs, hk, hq, d, blocks = 16, 3, 9, 64, 40
+    bs, blocks = 16, 40
     k_cache = torch.randn(blocks * bs, hk, d)
     v_cache = torch.randn(blocks * bs, hk, d)
-    lens = [1, 17, 130, 64]
+    lens = [1, 17, 130, 64, 16, 15]  # whole, partial and single-token tiles of 16
     tables = torch.stack([torch.randperm(blocks)[:9] for _ in lens])  # scattered blocks
     longest = max(lens)
     keep = torch.arange(longest) < torch.tensor(lens)[:, None]

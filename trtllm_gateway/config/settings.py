@@ -87,11 +87,14 @@ class Settings(BaseSettings):
     quantization: Literal["none", "int8"] = Field(
         "none", description="int8: weight-only int8 copies for small CPU batches (CPU only)."
     )
-    packed_weights: Literal["auto", "off"] = Field(
+    packed_weights: Literal["auto", "int8", "off"] = Field(
         "auto",
         description="CPU, float32: keep linear weights that are exactly GGUF Q4_1/Q8_0 block "
         "values (the default model's) packed and run decode-sized steps through built-in C++ "
-        "kernels, compiled on first use (dense if no compiler). off: dense matmuls only.",
+        "kernels, compiled on first use (dense if no compiler). int8: also quantize activations "
+        "to int8 per 32 values and use integer dot products for every step, prefill included "
+        "(llama.cpp's arithmetic; needs AVX512-VNNI; faster, greedy output can differ from "
+        "float32's). off: dense matmuls only.",
     )
     seed: int = Field(0, description="Seed for requests that give none.")
     engine_process: bool = Field(

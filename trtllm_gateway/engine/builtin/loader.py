@@ -92,8 +92,8 @@ def load(settings: Settings) -> LoadedModel:
         if device.type != "cpu":
             raise ValueError("--quantization int8 is for the CPU path; CUDA runs bf16")
         logger.info("int8 weight copies for %d linear layers", quantize_int8(model))
-    elif settings.packed_weights == "auto" and device.type == "cpu" and dtype == torch.float32:
-        _pack(model)
+    elif settings.packed_weights != "off" and device.type == "cpu" and dtype == torch.float32:
+        _pack(model, int8=settings.packed_weights == "int8")
     num_blocks = _num_blocks(settings, cfg, dtype, device)
     bs = settings.block_size
     max_len = min(max_len, num_blocks * bs)
@@ -139,11 +139,15 @@ def _num_blocks(
     return max(2, budget // block_bytes)
 
 
-def _pack(model: LlamaModel) -> None:
+def _pack(model: LlamaModel, int8: bool) -> None:
     kernels = block_gemm()
     if kernels is not None:
-        counts = pack_linears(model, kernels)
-        logger.info("packed weights for small steps: %s", dict(counts))
+        if int8 and not kernels.q8_native():
+            logger.warning("int8 activations need AVX512-VNNI; float32 activations instead")
+            int8 = False
+        counts = pack_linears(model, kernels, int8)
+        acts = "int8 activations, every step" if int8 else "float32 activations, small steps"
+        logger.info("packed weights (%s): %s", acts, dict(counts))
         model.attn_fn = functools.partial(paged_attention, decode=decode_kernel(kernels))
         for m in model.modules():
             if isinstance(m, RMSNorm):

@@ -27,7 +27,14 @@ logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [
-    HERE / n for n in ("bindings.cpp", "block_gemm.cpp", "decode_attention.cpp", "rms_norm.cpp")
+    HERE / n
+    for n in (
+        "bindings.cpp",
+        "block_gemm.cpp",
+        "decode_attention.cpp",
+        "q8_gemm.cpp",
+        "rms_norm.cpp",
+    )
 ]
 
 

@@ -1,0 +1,209 @@
+// y[M, N] = x[M, K] @ W^T with x quantized to int8 and W in GGUF blocks, multiplied with integer
+// dot products (AVX512-VNNI vpdpbusd: 64 byte products an instruction, against 16 float32 FMAs).
+// This is llama.cpp's arithmetic (Q4_1 x Q8_1, Q8_0 x Q8_0), not the model's float32 one: y is
+// the exact weights times the quantized activations, so greedy tokens can differ from float32's
+// (packed_linear.py, docs/benchmarks.md).
+//
+// Activations (quantize_q8): per row and 32-value block, dx = max|x| / 127, qx = round(x / dx);
+// xs[row, block] = (dx, dx * sum(qx)).
+// Weights (packed_linear.py lays them out): 16 output columns x 32 inputs a block, as 8 groups of
+// 4 inputs, each group one 64-byte register (lane c = column c's 4 bytes) of unsigned q (Q4_1:
+// 0..15, two groups a byte, group i in the low nibble and i + 4 in the high one; Q8_0: q + 128).
+// sc [N / 16, blocks, 2, 16] float: (d, m) per column (Q4_1: w = d * q + m; Q8_0: w = d * (u - 128),
+// stored as m = -128 * d). A block adds d * dx * sum(u * qx) + m * dx * sum(qx), which is
+// sum(w * dx * qx) up to float rounding.
+#include "q8_gemm.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace trtllm_gateway {
+namespace {
+constexpr int64_t QK = 32;     // inputs per block
+constexpr int64_t LANES = 16;  // output columns per group
+constexpr int64_t ROWS = 8;    // rows per pass over a column group's blocks
+constexpr int64_t PANEL = 128; // rows whose quantized activations stay in L2 across groups
+
+void quantize_block(const float* x, int8_t* q, float* s) {
+  float amax = 0.f;
+  for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+  int qsum = 0;
+  for (int i = 0; i < QK; ++i) {
+    const int v = static_cast<int>(std::nearbyint(x[i] * id));
+    q[i] = static_cast<int8_t>(v);
+    qsum += v;
+  }
+  s[0] = d;
+  s[1] = d * static_cast<float>(qsum);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+constexpr bool kNative = true;
+
+struct Nibbles {  // Q4_1: 4 registers a block, each two groups
+  const uint8_t* w;
+  int64_t B;
+  inline void operator()(int64_t g, int64_t b, __m512i* out) const {
+    const uint8_t* p = w + (g * B + b) * 256;
+    const __m512i mask = _mm512_set1_epi8(15);
+    for (int i = 0; i < 4; ++i) {
+      const __m512i v = _mm512_loadu_si512(p + i * 64);
+      out[i] = _mm512_and_si512(v, mask);
+      out[i + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+    }
+  }
+};
+
+struct Bytes {  // Q8_0: 8 registers a block
+  const uint8_t* w;
+  int64_t B;
+  inline void operator()(int64_t g, int64_t b, __m512i* out) const {
+    const uint8_t* p = w + (g * B + b) * 512;
+    for (int i = 0; i < 8; ++i) out[i] = _mm512_loadu_si512(p + i * 64);
+  }
+};
+
+// Rows r0 .. r0 + R against column group g: a block's 8 weight registers are unpacked once and
+// feed R rows, whose float accumulators stay in registers.
+template <int R, class Unpack>
+inline void tile(const int8_t* qx, const float* xs, int64_t K, int64_t r0, int64_t g, int64_t N,
+                 const Unpack& unpack, const float* sc, float* y) {
+  const int64_t B = K / QK;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < B; ++b) {
+    __m512i w[8];
+    unpack(g, b, w);
+    const float* scb = sc + ((g * B + b) * 2) * LANES;
+    const __m512 d = _mm512_loadu_ps(scb), m = _mm512_loadu_ps(scb + LANES);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xq = qx + (r0 + r) * K + b * QK;
+      int32_t quads[8];
+      std::memcpy(quads, xq, sizeof quads);
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(quads[j]));
+        s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(quads[j + 1]));
+      }
+      const float* x2 = xs + ((r0 + r) * B + b) * 2;
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(x2[0])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x2[1]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * N + g * LANES, acc[r]);
+}
+
+template <class Unpack>
+inline void rows(int64_t R, const int8_t* qx, const float* xs, int64_t K, int64_t r0, int64_t g,
+                 int64_t N, const Unpack& u, const float* sc, float* y) {
+  switch (R) {
+    case 1: return tile<1>(qx, xs, K, r0, g, N, u, sc, y);
+    case 2: return tile<2>(qx, xs, K, r0, g, N, u, sc, y);
+    case 3: return tile<3>(qx, xs, K, r0, g, N, u, sc, y);
+    case 4: return tile<4>(qx, xs, K, r0, g, N, u, sc, y);
+    case 5: return tile<5>(qx, xs, K, r0, g, N, u, sc, y);
+    case 6: return tile<6>(qx, xs, K, r0, g, N, u, sc, y);
+    case 7: return tile<7>(qx, xs, K, r0, g, N, u, sc, y);
+    default: return tile<8>(qx, xs, K, r0, g, N, u, sc, y);
+  }
+}
+
+template <class Unpack>
+void gemm(const int8_t* qx, const float* xs, int64_t M, int64_t K, int64_t N, const Unpack& u,
+          const float* sc, float* y) {
+  at::parallel_for(0, N / LANES, 4, [&](int64_t g0, int64_t g1) {
+    for (int64_t p = 0; p < M; p += PANEL) {
+      const int64_t pe = std::min(M, p + PANEL);
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t r0 = p; r0 < pe; r0 += ROWS)
+          rows(std::min(ROWS, pe - r0), qx, xs, K, r0, g, N, u, sc, y);
+    }
+  });
+}
+#else
+constexpr bool kNative = false;
+#endif
+
+// The same sums one value at a time: for CPUs without AVX512-VNNI (tests compare it too).
+void gemm_portable(const int8_t* qx, const float* xs, int64_t M, int64_t K, int64_t N,
+                   const uint8_t* w, const float* sc, bool nibbles, float* y) {
+  const int64_t B = K / QK;
+  at::parallel_for(0, N / LANES, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < LANES; ++c) {
+          float acc = 0.f;
+          for (int64_t b = 0; b < B; ++b) {
+            int32_t dot = 0;
+            for (int64_t k = 0; k < QK; ++k) {
+              const int64_t grp = k / 4, byte = (grp % (nibbles ? 4 : 8)) * 64 + c * 4 + k % 4;
+              const uint8_t raw = w[(g * B + b) * (nibbles ? 256 : 512) + byte];
+              const int32_t u = nibbles ? (grp < 4 ? raw & 15 : raw >> 4) : raw;
+              dot += u * qx[r * K + b * QK + k];
+            }
+            const float* x2 = xs + (r * B + b) * 2;
+            const float* scb = sc + ((g * B + b) * 2) * LANES;
+            acc += static_cast<float>(dot) * (scb[c] * x2[0]);
+            acc += scb[LANES + c] * x2[1];
+          }
+          y[r * N + g * LANES + c] = acc;
+        }
+  });
+}
+}  // namespace
+
+bool q8_native() { return kNative; }
+
+std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous float32 matrix");
+  const int64_t M = x.size(0), K = x.size(1), B = K / QK;
+  TORCH_CHECK(K % QK == 0, "x's width must be whole 32-value blocks");
+  torch::Tensor qx = torch::empty({M, K}, x.options().dtype(at::kChar));
+  torch::Tensor xs = torch::empty({M, B, 2}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = qx.data_ptr<int8_t>();
+  float* sp = xs.data_ptr<float>();
+  at::parallel_for(0, M * B, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) quantize_block(xp + i * QK, qp + i * QK, sp + i * 2);
+  });
+  return {qx, xs};
+}
+
+torch::Tensor q8_mm(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& w,
+                    const torch::Tensor& sc, bool nibbles, bool portable) {
+  TORCH_CHECK(qx.dim() == 2 && qx.scalar_type() == at::kChar && qx.is_contiguous());
+  const int64_t M = qx.size(0), K = qx.size(1), B = K / QK;
+  TORCH_CHECK(xs.is_contiguous() && xs.size(0) == M && xs.size(1) == B && xs.size(2) == 2);
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 3 &&
+              w.size(1) == B && w.size(2) == (nibbles ? 256 : 512), "weights do not match x");
+  const int64_t N = w.size(0) * LANES;
+  TORCH_CHECK(sc.is_contiguous() && sc.numel() == (N / LANES) * B * 2 * LANES);
+  torch::Tensor y = torch::empty({M, N}, xs.options());
+  const int8_t* qp = qx.data_ptr<int8_t>();
+  const float* xsp = xs.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float* scp = sc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  if (portable) {
+    gemm_portable(qp, xsp, M, K, N, wp, scp, nibbles, yp);
+  } else if (nibbles) {
+    gemm(qp, xsp, M, K, N, Nibbles{wp, B}, scp, yp);
+  } else {
+    gemm(qp, xsp, M, K, N, Bytes{wp, B}, scp, yp);
+  }
+#else
+  (void)portable;
+  gemm_portable(qp, xsp, M, K, N, wp, scp, nibbles, yp);
+#endif
+  return y;
+}
+
+}  // namespace trtllm_gateway
