@@ -70,13 +70,12 @@ def test_quantize_matches_definition(kernels: Any) -> None:
 def test_int8_kernel_is_weights_times_quantized_activations(
     kernels: Any, kind: str, rows: int
 ) -> None:
-    assert kernels.q8_native(), "this machine's CI runs the AVX512-VNNI kernel"
     lin = gguf_linear(96, 576, kind, seed=rows)
     packed = PackedLinear(lin, kind, KINDS[kind][1](lin.weight), kernels, int8=True)  # type: ignore[arg-type]
     assert packed.int8
     x = torch.randn(rows, 576)
     ref = fake_quant(x).double() @ lin.weight.double().T
-    out = packed(x)
+    out = packed(x)  # AVX512-VNNI where the CPU has it (CI's does), else the portable loop
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     # int8 is not float32: the gap to the dense product is the activations' rounding.
     assert (out - lin(x)).abs().max() > 1e-4
@@ -110,6 +109,8 @@ async def test_engine_int8_stays_close_to_float32(
     these prompts). Greedy tokens are not compared: with int8 activations a one-ulp change of an
     input can flip a rounding, so even a reference that quantizes the same way diverges from the
     kernels by as much as float32 does; docs/benchmarks.md counts the greedy differences."""
+    if not build.block_gemm().q8_native():  # type: ignore[union-attr]
+        pytest.skip("no AVX512-VNNI here: the loader keeps float32 (the test below)")
     int8 = await make_engine(packed_weights="int8")
     f32 = await make_engine(packed_weights="auto")
     model = int8._loaded.model  # type: ignore[union-attr]
