@@ -157,3 +157,39 @@ def test_rms_norm_kernel_matches_portable(kernels: object) -> None:
     assert calls == [1]  # really the kernel
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert torch.equal(norm(x.bfloat16()), ref_bf16)  # other dtypes keep the portable path
+
+
+def test_rope_store_is_rotate_and_write_kv_bit_for_bit(kernels: object) -> None:
+    """The fused kernel against rope.py's rotate and attention.write_kv: the same floats."""
+    from trtllm_gateway.engine.builtin.attention import write_kv
+    from trtllm_gateway.engine.builtin.model_config import ModelConfig
+    from trtllm_gateway.engine.builtin.rope import RotaryEmbedding, rotate
+
+    for nq, nkv, d in ((9, 3, 64), (4, 2, 40)):  # SmolLM2's heads; a head_dim off the SIMD path
+        cfg = ModelConfig(
+            model_type="llama", vocab_size=8, hidden_size=nq * d, intermediate_size=8,
+            num_layers=1, num_heads=nq, num_kv_heads=nkv, head_dim=d, rms_norm_eps=1e-5,
+            rope_theta=100000.0,
+        )  # fmt: skip
+        rope = RotaryEmbedding(cfg, 512)
+        t = 37
+        qkv = torch.randn(t, (nq + 2 * nkv) * d) * 4
+        cos, ssin = rope.tables(torch.randint(0, 512, (t,)))
+        slots = torch.randperm(64)[:t]
+        caches = [torch.zeros(64, nkv, d) for _ in range(4)]
+        qk = rotate(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d), cos, ssin)
+        write_kv(caches[0], caches[1], qk[:, nq:], qkv[:, (nq + nkv) * d :].view(t, nkv, d), slots)
+        q, k = kernels.rope_store(qkv, cos, ssin, caches[2], caches[3], slots, nq, nkv)  # type: ignore[attr-defined]
+        assert torch.equal(q, qk[:, :nq]) and torch.equal(k, qk[:, nq:])
+        assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+
+
+def test_silu_mul_matches_torch(kernels: object) -> None:
+    gate_up = torch.randn(5, 2 * 1536) * 6
+    gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # exp's clamps and zeros
+    gate, up = gate_up.split(1536, -1)
+    ref = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(kernels.silu_mul(gate_up), ref, rtol=1e-6, atol=1e-6)  # type: ignore[attr-defined]
+    odd = torch.randn(3, 2 * 40)  # a width off the SIMD path
+    g2, u2 = odd.split(40, -1)
+    torch.testing.assert_close(kernels.silu_mul(odd), torch.nn.functional.silu(g2) * u2)  # type: ignore[attr-defined]

@@ -101,7 +101,7 @@ async def answer_logprobs(engine: Any, seq: list[int], start: int, rid: str) -> 
 
 
 async def test_engine_int8_stays_close_to_float32(
-    make_engine: EngineFactory, chat_prompts: list[list[int]], tokenizer: Any
+    make_engine: EngineFactory, chat_prompts: list[list[int]]
 ) -> None:
     """The real SmolLM2 GGUF with int8 activations: every projection and the LM head run the
     int8 kernels, and teacher-forced on float32's greedy answers the int8 engine's logprobs stay
@@ -124,8 +124,6 @@ async def test_engine_int8_stays_close_to_float32(
         assert len(got) == len(seq) - len(prompt)
         gap = (got - want).abs()
         assert gap.mean() < 0.1 and gap.max() < 0.6, (i, gap.mean(), gap.max())
-    france = await collect(int8, GenerateRequest("paris", tuple(chat_prompts[0]), greedy(16)))
-    assert "Paris" in tokenizer.decode([t for e in france for t in e.token_ids])
 
 
 async def test_int8_without_vnni_keeps_float32_activations(

@@ -79,12 +79,15 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     decode: DecodeFn | None = None,
+    kv_written: bool = False,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; k, v: [T, Hk, D] for the new tokens. Returns [T, Hq, D].
 
     decode: how decode rows attend (default: gathered blocks and SDPA; the loader passes the
-    CPU kernel of cpu_kernels/ where it is built, see decode_kernel)."""
-    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    CPU kernel of cpu_kernels/ where it is built, see decode_kernel). kv_written: the caller
+    already stored k and v at meta.slot_mapping (the CPU rope_store kernel does)."""
+    if not kv_written:
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     decode = decode or _decode_attention
     nd = meta.num_decodes
     if nd and not meta.prefills:  # a pure decode step needs no packing of the output

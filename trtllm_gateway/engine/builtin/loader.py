@@ -14,7 +14,7 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.attention import decode_kernel, paged_attention
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm
-from trtllm_gateway.engine.builtin.model import LlamaModel, RMSNorm
+from trtllm_gateway.engine.builtin.model import MLP, Attention, LlamaModel, RMSNorm
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
 from trtllm_gateway.engine.builtin.quant import quantize_int8
@@ -152,3 +152,7 @@ def _pack(model: LlamaModel, int8: bool) -> None:
         for m in model.modules():
             if isinstance(m, RMSNorm):
                 m.kernel = kernels.rms_norm
+            elif isinstance(m, Attention):
+                m.rope_store = kernels.rope_store
+            elif isinstance(m, MLP):
+                m.silu_mul = kernels.silu_mul

@@ -65,6 +65,9 @@ class Attention(nn.Module):
         )
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.scale = self.hd**-0.5
+        # The CPU kernel (cpu_kernels/fused_ops.cpp) that rotates Q/K and stores K/V in one pass,
+        # set by the loader with the decode kernel; attn_fn then finds the cache written.
+        self.rope_store: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def forward(
         self,
@@ -77,10 +80,14 @@ class Attention(nn.Module):
         """rope: this step's (cos, signed sin) from RotaryEmbedding.tables."""
         t, qk = x.shape[0], self.q_size + self.kv_size
         qkv = self.qkv_proj(x)
+        v = qkv[:, qk:].view(t, self.nkv, self.hd)
+        if self.rope_store is not None and qkv.dtype == torch.float32:
+            q, k = self.rope_store(qkv, *rope, kv[0], kv[1], meta.slot_mapping, self.nq, self.nkv)
+            o = attn_fn(q, k, v, kv[0], kv[1], meta, self.scale, kv_written=True)
+            return self.o_proj(o.reshape(t, self.q_size))
         # Q and K heads are adjacent in the fused projection: rotate them in one go.
         qk_rot = rotate(qkv[:, :qk].view(t, self.nq + self.nkv, self.hd), *rope)
         q, k = qk_rot[:, : self.nq], qk_rot[:, self.nq :]
-        v = qkv[:, qk:].view(t, self.nkv, self.hd)
         o = attn_fn(q, k, v, kv[0], kv[1], meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
@@ -106,9 +113,14 @@ class MLP(nn.Module):
         self.inter = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
         self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
+        # The CPU kernel (cpu_kernels/fused_ops.cpp) for float32 rows, set by the loader.
+        self.silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.silu_mul is not None and gate_up.dtype == torch.float32 and gate_up.dim() == 2:
+            return self.down_proj(self.silu_mul(gate_up))
+        gate, up = gate_up.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
 
 

@@ -32,6 +32,7 @@ SOURCES = [
         "bindings.cpp",
         "block_gemm.cpp",
         "decode_attention.cpp",
+        "fused_ops.cpp",
         "q8_gemm.cpp",
         "rms_norm.cpp",
     )

@@ -50,4 +50,22 @@ inline f32x16 widen(__m128i b) {
 #endif
 }
 
+#if defined(__AVX512F__)
+// exp(x): x = n ln2 + r with |r| <= ln2 / 2, Cephes' expf polynomial for e^r, then scaled by
+// 2^n (within 2 ulp of expf; 0 below -87, 3.3e38 above 88.7).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 e = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                        5.0000001201e-1f})
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(c));
+  e = _mm512_fmadd_ps(e, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(e, n);
+}
+#endif
+
 }  // namespace trtllm_gateway
