@@ -87,6 +87,33 @@ def test_decode_attention(
         assert rel_err(out[i], ref) < TOL[dtype], (i, n)
 
 
+def test_decode_variants_are_compiled_up_front() -> None:
+    """After warm_up, every split count the engine can pick (1..64) and any block-table width
+    launch without compiling: a constexpr split count compiled a new kernel mid-serving."""
+    from trtllm_gateway.engine.builtin.kernels import decode_attention as da
+
+    kernels = (da._decode_split_kernel, da._decode_reduce_kernel)
+
+    def compiled() -> int:  # Triton's per-device caches: (kernels, keys, target, backend, binder)
+        return sum(len(c[0]) for fn in kernels for c in fn.device_caches.values())
+
+    for dtype in (torch.bfloat16, torch.float32):
+        k, v = paged_cache(64, 16, 3, 64, dtype)
+        da.warm_up(k, v, 9, dtype, 16)
+        before = compiled()
+        for splits in range(1, 65):
+            for width, batch in ((1, 1), (5, 3), (16, 2), (33, 7)):
+                bt = torch.randint(0, 64, (batch, width), dtype=torch.int32, device=CUDA)
+                lens = torch.full((batch,), width * 16, dtype=torch.int32, device=CUDA)
+                q = torch.randn(batch, 9, 64, device=CUDA).to(dtype)
+                out = da.decode_attention(q, k, v, bt, lens, 0.125, 16, splits)
+                assert torch.isfinite(out).all()
+        assert compiled() == before, "a decode launch compiled a new kernel variant"
+    # The count does see compiles: a tile size warm_up did not use is a new variant.
+    da.decode_attention(q, k, v, bt, lens, 0.125, 16, 1, config=(16, 4, 2))
+    assert compiled() == before + 1
+
+
 def test_decode_padded_rows_are_zero() -> None:
     from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
 

@@ -15,7 +15,7 @@ import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata, KernelPrefill
 from trtllm_gateway.engine.builtin.cuda_graph import DecodeGraphs
-from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits
+from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits, warm_up
 from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
 from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_tiles
 from trtllm_gateway.engine.builtin.model import LlamaModel
@@ -43,6 +43,8 @@ class KernelPath:
         self.num_kv_heads = model.cfg.num_kv_heads
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
         model.ops = KernelOps(page)
+        # Eager steps pick their split count per step: compile every variant now, not mid-serving.
+        warm_up(*kv_caches[0], model.cfg.num_heads, model.embed_tokens.weight.dtype, page)
         # One token past max_model_len: the overlapped stepper may compute one wasted token.
         max_blocks = -(-(max_model_len + 1) // page)
         self.graphs: DecodeGraphs | None = None

@@ -5,6 +5,12 @@ reading K/V in place from the cache through the block table, for all the query h
 at once (the group is padded to 16 rows for tl.dot). It writes a partial output and its
 log-sum-exp. Stage 2 merges the splits. With one split, stage 1 writes the final output directly.
 A row whose context length is 0 (a padded CUDA-graph row) gets zeros.
+
+The split count and the block-table width vary from step to step, so they are plain runtime
+arguments that Triton does not specialize on: only "one split or several" and the split count's
+power-of-two padding in stage 2 select a compiled variant, and warm_up compiles all of them when
+the engine starts (a constexpr split count compiled a new kernel for every new count mid-serving:
+~0.5 s each, seen in py-spy on an H100).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_btb", "num_splits"])
 def _decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -34,7 +40,8 @@ def _decode_split_kernel(
     stride_ob,
     stride_oh,
     scale,
-    NUM_SPLITS: tl.constexpr,
+    num_splits,
+    SPLIT: tl.constexpr,  # num_splits > 1
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -47,7 +54,7 @@ def _decode_split_kernel(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(lens_ptr + b)
-    per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), PAGE) * PAGE  # page-aligned share
+    per_split = tl.cdiv(tl.cdiv(ctx, num_splits), PAGE) * PAGE  # page-aligned share
     start = split * per_split
     end = tl.minimum(start + per_split, ctx)
 
@@ -99,25 +106,25 @@ def _decode_split_kernel(
 
     o = acc / tl.maximum(den, 1e-30)[:, None]
     omask = gmask[:, None] & dmask[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         optr = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
     else:
         lse = m / 1.4426950408889634 + tl.log(den)  # natural-log units; -inf for an empty split
-        row = (b * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
+        row = (b * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
         tl.store(mid_o_ptr + row[:, None] * D_PAD + d[None, :], o, mask=omask)
         tl.store(mid_lse_ptr + row, lse, mask=gmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     mid_o_ptr,
     mid_lse_ptr,
     out_ptr,
     stride_ob,
     stride_oh,
+    num_splits,
     NUM_HEADS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     S_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -126,8 +133,8 @@ def _decode_reduce_kernel(
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
-    smask = s < NUM_SPLITS
-    base = (b * NUM_HEADS + h) * NUM_SPLITS
+    smask = s < num_splits
+    base = (b * NUM_HEADS + h) * num_splits
     lse = tl.load(mid_lse_ptr + base + s, mask=smask, other=float("-inf"))
     mx = tl.max(lse, 0)
     live = lse > float("-inf")
@@ -201,7 +208,8 @@ def decode_attention(
         out.stride(0),
         out.stride(1),
         scale,
-        NUM_SPLITS=num_splits,
+        num_splits,
+        SPLIT=num_splits > 1,
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=dim,
@@ -219,11 +227,25 @@ def decode_attention(
             out,
             out.stride(0),
             out.stride(1),
+            num_splits,
             NUM_HEADS=hq,
-            NUM_SPLITS=num_splits,
             S_PAD=max(2, triton.next_power_of_2(num_splits)),
             HEAD_DIM=dim,
             D_PAD=d_pad,
             num_warps=4,
         )
     return out
+
+
+def warm_up(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype, page: int
+) -> None:
+    """Compile every variant decode_attention can launch for this cache and head layout: one
+    split, and several for each power-of-two padding of stage 2, up to choose_splits' 64. The
+    rows have context 0, so nothing is read or written but their zero outputs."""
+    dim, dev = k_cache.shape[2], k_cache.device
+    q = torch.zeros((1, num_heads, dim), dtype=dtype, device=dev)
+    tables = torch.zeros((1, 1), dtype=torch.int32, device=dev)
+    lens = torch.zeros((1,), dtype=torch.int32, device=dev)
+    for splits in (1, 2, 4, 8, 16, 32, 64):
+        decode_attention(q, k_cache, v_cache, tables, lens, 1.0, page, splits)
