@@ -136,3 +136,14 @@ async def test_int8_without_vnni_keeps_float32_activations(
     assert "int8 activations need AVX512-VNNI" in caplog.text
     packed = [m for m in engine._loaded.model.modules() if isinstance(m, PackedLinear)]  # type: ignore[union-attr]
     assert packed and not any(m.int8 for m in packed)
+
+
+def test_int8_activations_refuse_a_resolved_bf16_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--dtype auto on --device auto resolves in the loader (bf16 on CUDA): checked there too."""
+    from trtllm_gateway.config.settings import Settings
+    from trtllm_gateway.engine.builtin import loader
+
+    settings = Settings(device="cpu", packed_weights="int8")
+    monkeypatch.setattr(loader, "pick_dtype", lambda *a: torch.bfloat16)
+    with pytest.raises(ValueError, match="--packed-weights int8 is for the CPU path"):
+        loader.load(settings)

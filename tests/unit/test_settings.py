@@ -55,3 +55,12 @@ def test_cli_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     assert cli.main(["bogus"]) == 2
     assert cli.main(["config"]) == 2
+
+
+@pytest.mark.parametrize(
+    "conflict", [{"dtype": "bfloat16"}, {"quantization": "int8"}, {"device": "cuda"}]
+)
+def test_int8_activations_conflicts_are_errors(conflict: dict[str, str]) -> None:
+    with pytest.raises(ValidationError, match="--packed-weights int8 is for the CPU path"):
+        Settings(packed_weights="int8", **conflict)  # type: ignore[arg-type]
+    assert Settings(packed_weights="int8", device="cpu").packed_weights == "int8"

@@ -271,6 +271,21 @@ class Settings(BaseSettings):
     )
 
     @model_validator(mode="after")
+    def _check_int8_activations(self) -> Settings:
+        # Asked for explicitly, int8 activations are never silently dropped (the loader checks
+        # again once --device auto and --dtype auto are resolved).
+        if self.packed_weights == "int8" and (
+            self.device == "cuda"
+            or self.dtype in ("bfloat16", "float16")
+            or self.quantization != "none"
+        ):
+            raise ValueError(
+                "--packed-weights int8 is for the CPU path with float32 weights "
+                "(--dtype auto or float32, no --quantization int8)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_prefill_pools(self) -> Settings:
         if self.prefill_pools:
             parse_prefill_pools(self.prefill_pools, self.prefill_url)  # ValueError names the part

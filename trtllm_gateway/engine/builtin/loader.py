@@ -68,6 +68,13 @@ def pick_dtype(name: str, device: torch.device, quantization: str | None = None)
 def load(settings: Settings) -> LoadedModel:
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device, settings.quantization)
+    if settings.packed_weights == "int8" and (
+        device.type != "cpu" or dtype != torch.float32 or settings.quantization == "int8"
+    ):
+        raise ValueError(
+            "--packed-weights int8 is for the CPU path with float32 weights "
+            "(--dtype auto or float32, no --quantization int8)"
+        )
     if settings.load_format == "dummy":
         model_dir = None
         cfg = ModelConfig.from_dict(json.loads(Path(settings.model).read_text()))
