@@ -69,7 +69,9 @@ def pack_q8_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     return q.to(torch.int8).reshape(w.shape).contiguous(), d.squeeze(-1).contiguous()
 
 
-def q8_layout(kind: str, packed: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def q8_layout(
+    kind: str, packed: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The int8 kernel's layout of packed blocks (q8_gemm.cpp): per group of 16 columns and block,
     8 groups of 4 inputs with each column's 4 unsigned bytes side by side (Q4_1: two groups a byte),
     and the (d, m) pair of every column as [N / 16, blocks, 2, 16] floats."""
@@ -112,13 +114,9 @@ class PackedLinear(nn.Module):
         # int8 activations need whole groups of 16 columns; other shapes keep float32 kernels.
         self.int8 = int8 and linear.out_features % LANES == 0
         self._kernels = kernels
-        if self.int8:
-            w, sc = q8_layout(kind, packed)
-            self.register_buffer("qs", w, persistent=False)
-            self.register_buffer("scales", sc, persistent=False)
-        else:
-            self.register_buffer("qs", packed[0], persistent=False)
-            self.register_buffer("scales", packed[1], persistent=False)
+        qs, scales = q8_layout(kind, packed) if self.int8 else packed
+        self.register_buffer("qs", qs, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
         self._mm = kernels.q4_1_mm if kind == "q4_1" else kernels.q8_0_mm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
