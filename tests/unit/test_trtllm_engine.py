@@ -138,7 +138,8 @@ async def test_stop_token_ids(engine: TrtllmEngine) -> None:
 
 
 async def test_logprobs_dict_form(engine: TrtllmEngine) -> None:
-    events = await _collect(engine.generate(_req(max_tokens=3, logprobs=2, prompt_logprobs=1)))
+    req = _req(max_tokens=3, logprobs=2, prompt_logprobs=1, temperature=0.0)  # greedy: rank 1
+    events = await _collect(engine.generate(req))
     lps = [lp for e in events for lp in e.logprobs or ()]
     assert [lp.token_id for lp in lps] == _ids(events)
     assert all(len(lp.top) == 2 and lp.top[0][0] == lp.token_id for lp in lps)

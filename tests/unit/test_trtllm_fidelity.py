@@ -210,11 +210,12 @@ async def test_prompt_logprobs_pair_entry_t_with_token_t_plus_1(model_dir: Path)
 # -- 5. logprobs 0 ---------------------------------------------------------------------------
 async def test_zero_logprobs_still_returns_the_chosen_token(model_dir: Path) -> None:
     """Real: TensorRT-LLM tests logprobs for truth (`_get_output_config`), so 0 returns
-    nothing; Dynamo sends max(1, k) and trims (handler_base.py)."""
+    nothing; Dynamo sends max(1, k) and trims (handler_base.py). The adapter sends 20 (issue
+    21: the top k never has the sampled token added) and trims to k."""
     engine = await _engine(model_dir)
     try:
-        events = await _collect(engine.generate(_req(max_tokens=4, logprobs=0)))
-        assert engine._llm.recorded_requests[-1]["sampling_params"].logprobs == 1
+        events = await _collect(engine.generate(_req(max_tokens=4, logprobs=0, temperature=0.0)))
+        assert engine._llm.recorded_requests[-1]["sampling_params"].logprobs == 20
         lps = [lp for e in events for lp in e.logprobs or ()]
         assert [lp.token_id for lp in lps] == _ids(events)
         assert all(lp.top == () and lp.logprob < 0 for lp in lps)

@@ -118,3 +118,21 @@ async def test_echo_prompt_logprobs_outside_top_k_are_null(client: httpx.AsyncCl
     assert -9999.0 not in values
     assert None in prompt_values  # the scripted model ranks some prompt tokens outside top-1
     assert any(v is not None and v <= 0 for v in prompt_values)
+
+
+async def test_sampled_logprobs_outside_the_top_20_are_never_a_made_up_value(
+    client: httpx.AsyncClient,
+) -> None:
+    """Issue 21 item 1 on the wire: at temperature 1 the 1.2 TorchSampler's top k (sampler.py)
+    often lacks the sampled token. Completions say null for it (the legacy schema allows it);
+    chat, whose schema has no null, says -9999.0, OpenAI's "not within the top 20"."""
+    body = {"model": MODEL, "prompt": "Hello world", "max_tokens": 40, "logprobs": 1}
+    r = await client.post("/v1/completions", json={**body, "temperature": 1.0})
+    values = r.json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert -9999.0 not in values
+    assert None in values and any(v is not None and v < 0 for v in values)
+    chat = _chat(max_tokens=40, logprobs=True, top_logprobs=1, temperature=1.0)
+    content = (await client.post("/v1/chat/completions", json=chat)).json()["choices"][0]
+    content = content["logprobs"]["content"]
+    assert all(t["logprob"] == -9999.0 or -9999.0 < t["logprob"] <= 0 for t in content)
+    assert all(len(t["top_logprobs"]) == 1 for t in content)

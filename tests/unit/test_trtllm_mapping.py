@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +47,10 @@ def test_logprobs_dict_form_sorted_by_rank_and_limited() -> None:
     assert lp.top == ((3, -0.1), (7, -0.5))
 
 
-def test_logprobs_sampled_token_missing_and_inf_are_floored() -> None:
+def test_logprobs_sampled_token_missing_is_unknown_and_inf_is_floored() -> None:
+    """The sampled token outside the returned top k (TorchSampler adds none): NaN, unknown."""
     (lp,) = map_logprobs([{3: Lp(float("-inf"), 1)}], [4], top_k=1)
-    assert lp.logprob == LOGPROB_FLOOR
+    assert math.isnan(lp.logprob)
     assert lp.top == ((3, LOGPROB_FLOOR),)
 
 

@@ -137,6 +137,9 @@ class ChoiceRenderer:
 
 
 def clamp(logprob: float) -> float:
+    """-inf and below-floor values become the floor; so does NaN, an unknown value (a token
+    outside TensorRT-LLM's top 20): OpenAI's chat schema has no null for `logprob` and
+    documents -9999.0 as "not within the top 20 most likely tokens"."""
     return logprob if logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
@@ -188,8 +191,8 @@ def completion_logprobs(
             continue
         top = {tokenizer.token_text(t): clamp(v) for t, v in lp.top[:top_n]}
         if math.isnan(lp.logprob):
-            # Unknown (TensorRT-LLM's prompt logprobs when the real token is outside its top-k):
-            # null, never a made-up value.
+            # Unknown (TensorRT-LLM returned only a top-k without this token, prompt or
+            # sampled): null, which the legacy schema allows, never a made-up value.
             shaped.token_logprobs.append(None)
         else:
             shaped.token_logprobs.append(clamp(lp.logprob))

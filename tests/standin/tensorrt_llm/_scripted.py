@@ -40,6 +40,12 @@ def logprob_at(token_id: int, position: int, rank: int) -> float:
     return -0.05 - (_h("lp", token_id, position) % 100) / 50.0 - (rank - 1) * 2.5
 
 
+def sampled_rank(token_id: int, position: int, greedy: bool) -> int:
+    """Where the emitted token ranks in the raw distribution: 1 under greedy decoding; when
+    sampling, anywhere in 1..30, so it is often outside a top-1 and sometimes outside a top-20."""
+    return 1 if greedy else 1 + _h("rank", token_id, position) % 30
+
+
 def prompt_topk(
     prompt_token_ids: Sequence[int], position: int, k: int, vocab_size: int
 ) -> list[tuple[int, float]]:

@@ -19,7 +19,7 @@ _FINISH: dict[str, FinishReason] = {
     "timeout": "abort",
 }
 LOGPROB_FLOOR = -9999.0  # what OpenAI-compatible servers send for -inf
-UNKNOWN_LOGPROB = math.nan  # a prompt token outside TensorRT-LLM's top-k: value not returned
+UNKNOWN_LOGPROB = math.nan  # a token outside TensorRT-LLM's top-k: its value was not returned
 
 
 def map_finish_reason(reason: str | None) -> FinishReason | None:
@@ -34,7 +34,10 @@ def map_logprobs(
 ) -> tuple[TokenLogprob, ...]:
     """One TokenLogprob per token from `list[dict[token_id, Logprob]]` or legacy `list[float]`.
 
-    top holds up to top_k (token_id, logprob) pairs, best first (by rank, then logprob).
+    top holds up to top_k (token_id, logprob) pairs, best first (by rank, then logprob). The
+    dicts are the top k of the raw distribution without the sampled token added (TorchSampler),
+    so a sampled token outside them has an unknown logprob: NaN (UNKNOWN_LOGPROB), which the
+    renderer shows as OpenAI does for a token outside the top 20.
     """
     return tuple(
         _one_logprob(entry, token_id, top_k)
@@ -69,7 +72,7 @@ def _prompt_logprob(entry: Any, token_id: int, top_k: int) -> TokenLogprob:
 def _one_logprob(entry: Any, token_id: int, top_k: int) -> TokenLogprob:
     if isinstance(entry, dict):
         chosen = entry.get(token_id)
-        value = _value(chosen) if chosen is not None else LOGPROB_FLOOR
+        value = _value(chosen) if chosen is not None else UNKNOWN_LOGPROB
         return TokenLogprob(token_id=token_id, logprob=value, top=_ranked(entry, top_k))
     value = _floor(float(entry))
     return TokenLogprob(token_id=token_id, logprob=value, top=((token_id, value),)[:top_k])

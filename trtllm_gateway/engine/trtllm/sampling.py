@@ -6,8 +6,11 @@ for token ids only; `end_id` is always set (no dependence on TensorRT-LLM's toke
 
 - end_id is one id: a model's other EOS ids (Llama-3.x: <|eom_id|>, <|eot_id|>) ride in
   `stop_token_ids`, after the user's own, or the turn never ends.
-- logprobs / prompt_logprobs are tested for truth, so 0 means none: send max(1, k) and let
-  engine.trtllm.outputs trim the alternatives back to k (Dynamo does the same).
+- logprobs / prompt_logprobs are tested for truth, so 0 means none. The period TorchSampler
+  stores only the top k of log_softmax and never adds the sampled token
+  (_torch/pyexecutor/sampler.py), so under sampling the chosen token is often missing: ask for
+  the top max(k, 20) (OpenAI's most) and let engine.trtllm.outputs trim back to k; a token
+  outside even that is unknown. Prompt logprobs: max(1, k), the actual token is never added.
 - logit_bias and allowed_token_ids become one `embedding_bias` (float32 [vocab], added to the
   logits; the PyTorch sampler applies it every step); disallowed ids get -inf.
 - guided decoding is `GuidedDecodingParams(json= | json_object= | regex= | grammar=)`; a Lark
@@ -22,6 +25,8 @@ from typing import Any
 from trtllm_gateway.engine.protocol import GuidedDecoding, InvalidRequestError, SamplingParams
 
 GUIDED_PARAM = "response_format"  # also reached through tool_choice and structured_outputs
+# OpenAI's top_logprobs maximum: its chat docs give -9999.0 to a token outside the top 20.
+TOP_LOGPROBS_ASKED = 20
 
 
 def to_trtllm_sampling(
@@ -58,7 +63,7 @@ def to_trtllm_sampling(
         min_tokens=sp.min_tokens or None,
         ignore_eos=sp.ignore_eos,
         stop_token_ids=stops or None,
-        logprobs=_at_least_one(sp.logprobs),
+        logprobs=None if sp.logprobs is None else max(sp.logprobs, TOP_LOGPROBS_ASKED),
         prompt_logprobs=_at_least_one(sp.prompt_logprobs),
         embedding_bias=embedding_bias(sp, vocab_size),
         guided_decoding=guided_params(trt, sp.guided, guided_backend),

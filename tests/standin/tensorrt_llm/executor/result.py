@@ -246,16 +246,26 @@ class RequestOutput:
         if self._sp.logprobs:  # logprobs=0 returns none: TensorRT-LLM tests it for truth
             entry = self._logprob_entry(token, position, self._sp.logprobs)
             out.logprobs.append(entry)
-            chosen = entry if isinstance(entry, float) else entry[token].logprob
-            out.cumulative_logprob = (out.cumulative_logprob or 0.0) + chosen
+            chosen = entry if isinstance(entry, float) else entry.get(token)
+            if chosen is not None:
+                value = chosen if isinstance(chosen, float) else chosen.logprob
+                out.cumulative_logprob = (out.cumulative_logprob or 0.0) + value
 
     def _logprob_entry(self, token: int, position: int, k: int) -> Any:
-        if FLAT_LOGPROBS:
-            return _scripted.logprob_at(token, position, 1)
-        entry = {token: Logprob(_scripted.logprob_at(token, position, 1), rank=1)}
-        for rank in range(2, k + 1):
-            alt = (token + rank - 1) % self._llm._vocab_size
-            entry.setdefault(alt, Logprob(_scripted.logprob_at(token, position, rank), rank))
+        # Real (NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/sampler.py, 1.2 period):
+        # TorchSampler._process_requests takes `torch.topk(log_softmax(logits),
+        # k=max(py_num_logprobs))` of the raw logits and handle_logprobs stores exactly those k
+        # {token: Logprob(value, rank)} per step; the sampled token is NOT added when it falls
+        # outside the top k (later versions add it). Under sampling it often does.
+        rank = _scripted.sampled_rank(token, position, _greedy(self._sp))
+        if FLAT_LOGPROBS:  # the legacy form: the sampled token's own value
+            return _scripted.logprob_at(token, position, rank)
+        entry: dict[int, Logprob] = {}
+        for r in range(1, k + 1):
+            tid = token if r == rank else (token + 7 * r + 1) % self._llm._vocab_size
+            if tid in entry or (tid == token and r != rank):
+                tid = (tid + 1) % self._llm._vocab_size
+            entry[tid] = Logprob(_scripted.logprob_at(token, position, r), rank=r)
         return entry
 
     def _finish_context(self, token: int) -> None:
@@ -305,6 +315,14 @@ class IterationResult:
                 raise StopAsyncIteration
             await asyncio.sleep(0.01)
         return self._queue.popleft()
+
+
+def _greedy(sp: SamplingParams) -> bool:
+    """SamplingParams.params_imply_greedy_decoding (sampling_params.py): temperature 0, top_k 1
+    or top_p 0, or no sampling knob set at all."""
+    if sp.temperature is None and sp.top_p is None and sp.top_k is None:
+        return True
+    return sp.temperature == 0 or sp.top_k == 1 or sp.top_p == 0.0
 
 
 def _has_event_loop() -> bool:
