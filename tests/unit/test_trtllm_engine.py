@@ -26,7 +26,6 @@ from trtllm_gateway.engine.protocol import (
     InvalidRequestError,
     SamplingParams,
     TokenEvent,
-    TokenLogprob,
 )
 
 ensure_on_path()
@@ -288,13 +287,14 @@ async def test_prefill_then_decode_matches_aggregated(
             first_token_ids=result.first_token_ids,
             opaque_state=result.opaque_state,
         )
+        plain = SamplingParams(max_tokens=6)  # no logprobs: refused on a hand-off (issue 21)
         decoded = await _collect(
-            decode.generate(GenerateRequest("p", req.prompt_token_ids, req.sampling, disagg=disagg))
+            decode.generate(GenerateRequest("p", req.prompt_token_ids, plain, disagg=disagg))
         )
         sent = decode._llm.recorded_requests[-1]
         assert sent["disaggregated_params"].request_type == "generation_only"
         assert sent["prompt_token_ids"] == list(req.prompt_token_ids)
-        aggregated = await _collect(engine.generate(req))
+        aggregated = await _collect(engine.generate(_req("p", max_tokens=6)))
         assert _ids(decoded) == _ids(aggregated)
         assert decoded[0].token_ids[0] == result.first_token_ids[0]
     finally:
@@ -367,16 +367,12 @@ async def test_decode_skips_the_engine_when_context_already_finished(model_dir: 
             "encoded_opaque_state": None,
             "finish_reason": "stop",
         }
-        first = (TokenLogprob(42, -0.5, ((42, -0.5),)),)
-        params = DisaggParams(
-            request_type="generation_only",
-            opaque_state=json.dumps(body).encode(),
-            first_logprobs=first,
-        )
-        req = GenerateRequest("d", (5, 6), SamplingParams(logprobs=1), disagg=params)
+        state = json.dumps(body).encode()
+        params = DisaggParams(request_type="generation_only", opaque_state=state)
+        req = GenerateRequest("d", (5, 6), SamplingParams(), disagg=params)
         events = await _collect(decode.generate(req))
         assert [e.finish_reason for e in events] == ["stop"]
-        assert events[0].token_ids == (42,) and events[0].logprobs == first
+        assert events[0].token_ids == (42,)
         assert decode._llm.recorded_requests == []
     finally:
         await decode.stop()

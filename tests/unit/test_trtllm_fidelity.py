@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -246,9 +247,11 @@ async def test_kv_layout_names_kv_dtype_and_block_size(model_dir: Path) -> None:
 
 
 # -- 10. first token's logprob on a disaggregated stream ---------------------------------------
-async def test_generation_only_stream_keeps_the_first_logprob(model_dir: Path) -> None:
-    """Real: a generation-only result's token_ids start with first_gen_tokens but its logprobs
-    cover only tokens generated on the decode side (the first came from the context side)."""
+async def test_generation_only_logprobs_are_refused_before_submitting(model_dir: Path) -> None:
+    """Real: a generation-only result's token_ids start with first_gen_tokens, which have no
+    logprob, and every non-cancelled response asserts `len(logprobs) == length`
+    (executor/result.py, _handle_sequence): such a stream fails. Issue 21 item 2: the decode
+    engine refuses it with a 400 before submitting (remote_prefill.py prefills it locally)."""
     prefill = await _engine(model_dir, mode="prefill")
     decode = await _engine(model_dir, mode="decode")
     try:
@@ -260,14 +263,15 @@ async def test_generation_only_stream_keeps_the_first_logprob(model_dir: Path) -
             first_logprobs=result.first_logprobs,
             opaque_state=result.opaque_state,
         )
-        events = await _collect(
-            decode.generate(GenerateRequest("p", req.prompt_token_ids, req.sampling, disagg=disagg))
-        )
-        lps = [lp for e in events for lp in e.logprobs or ()]
-        assert len(lps) == len(_ids(events)) == 12
-        assert [lp.token_id for lp in lps] == _ids(events)
-        assert result.first_logprobs is not None
-        assert lps[0] == result.first_logprobs[0]
+        for sampling in (req.sampling, replace(req.sampling, logprobs=None, prompt_logprobs=0)):
+            with pytest.raises(InvalidRequestError, match="prefill it locally"):
+                await _collect(
+                    decode.generate(
+                        GenerateRequest("p", req.prompt_token_ids, sampling, disagg=disagg)
+                    )
+                )
+        assert decode._llm.recorded_requests == []
+        assert decode.health().state == "ready"
     finally:
         await prefill.stop()
         await decode.stop()

@@ -10,14 +10,21 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.standin import ensure_on_path
 from tests.unit.test_trtllm_engine import _collect, _engine, _ids, _req, model_dir
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine
+from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
 
 ensure_on_path()
 
 from tensorrt_llm import _scripted  # noqa: E402
+from tensorrt_llm.executor.result import RequestOutput  # noqa: E402
+
+from trtllm_gateway.engine.trtllm.engine import TrtllmRequestError  # noqa: E402
 
 __all__ = ["model_dir"]  # the fixture, re-used
 
@@ -64,5 +71,65 @@ async def test_greedy_logprobs_are_all_known(model_dir: Path) -> None:
         req = _req(max_tokens=20, logprobs=0, temperature=0.0, ignore_eos=True)
         lps = [lp for e in await _collect(engine.generate(req)) for lp in e.logprobs or ()]
         assert lps and all(not math.isnan(lp.logprob) and lp.logprob < 0 for lp in lps)
+    finally:
+        await engine.stop()
+
+
+# -- 2. one request's failure is that request's ------------------------------------------------
+async def test_an_exception_inside_one_stream_fails_only_that_request(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real: GenerationResult raises from inside a request's iteration for per-request reasons
+    (executor/result.py asserts on each response, e.g. `len(output.logprobs) ==
+    output.length`). That is the request's error, never the engine's death (503 for all)."""
+    engine = await _engine(model_dir)
+    advance = RequestOutput._advance
+
+    def failing(self: RequestOutput) -> None:
+        if self.request_id == 1:
+            raise AssertionError
+        advance(self)
+
+    monkeypatch.setattr(RequestOutput, "_advance", failing)
+    try:
+        with pytest.raises(TrtllmRequestError):
+            await _collect(engine.generate(_req("bad", max_tokens=4)))
+        assert engine.health().state == "ready"
+        events = await _collect(engine.generate(_req("good", max_tokens=4)))
+        assert events[-1].finish_reason == "length"
+    finally:
+        await engine.stop()
+
+
+async def test_decode_instance_prefills_logprob_requests_locally(model_dir: Path) -> None:
+    """Item 2 at admission: a TensorRT-LLM decode instance keeps a logprobs (or echo) request
+    local, so every token has its logprob, instead of a sibling hand-off that 1.2 fails."""
+
+    def sibling(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/internal/v1/prefill":
+            raise AssertionError("a logprobs request must not be sent to a sibling")
+        return httpx.Response(503)
+
+    settings = Settings(
+        engine="trtllm",
+        model=str(model_dir),
+        mode="decode",
+        prefill_url=["http://p1"],
+        max_local_prefill_tokens=0,
+    )
+    from trtllm_gateway.engine.trtllm.engine import TrtllmEngine
+
+    stats = RemotePrefillStats()
+    engine = RemotePrefillEngine(
+        TrtllmEngine(settings), settings, stats, transport=httpx.MockTransport(sibling)
+    )
+    await engine.start()
+    try:
+        req = _req(max_tokens=6, logprobs=1, prompt_logprobs=1, temperature=0.0)
+        events = await _collect(engine.generate(req))
+        lps = [lp for e in events for lp in e.logprobs or ()]
+        assert len(lps) == len(_ids(events)) == 6
+        assert events[0].prompt_logprobs is not None
+        assert stats.outcomes["local_logprobs"] == 1
     finally:
         await engine.stop()

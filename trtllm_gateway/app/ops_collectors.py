@@ -105,7 +105,8 @@ class RemotePrefillCollector(Collector):
         model = self._model_name()
         outcomes = CounterMetricFamily(
             PREFIX + "remote_prefill",
-            "Requests by prefill placement: remote, local_short, local_fallback, failed.",
+            "Requests by prefill placement: remote, local_short, local_logprobs, local_fallback, "
+            "failed.",
             labels=["model_name", "outcome"],
         )
         for outcome in sorted({*OUTCOMES, *stats.outcomes}):

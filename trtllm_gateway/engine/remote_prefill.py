@@ -145,6 +145,13 @@ class RemotePrefillEngine:
         if uncached < self.settings.max_local_prefill_tokens or req.images:
             self.remote_prefill_stats.record("local_short")
             return None
+        if self.info.engine == "trtllm" and (
+            req.sampling.logprobs is not None or req.sampling.prompt_logprobs is not None
+        ):
+            # TensorRT-LLM 1.2 has no logprob for the token a context sibling hands over and
+            # fails such a stream (executor/result.py asserts): prefill here, logprobs right.
+            self.remote_prefill_stats.record("local_logprobs")
+            return None
         sib = self._choose(req.prompt_token_ids)
         if sib is None:
             self._fallback(req, "no healthy prefill sibling")

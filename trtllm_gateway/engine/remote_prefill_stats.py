@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-OUTCOMES = ("remote", "local_short", "local_fallback", "failed")
+OUTCOMES = ("remote", "local_short", "local_logprobs", "local_fallback", "failed")
 
 
 @dataclass

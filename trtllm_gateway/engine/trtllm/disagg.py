@@ -66,6 +66,21 @@ def unpack_context(disagg: DisaggParams) -> ContextState:
         raise InvalidRequestError(f"malformed disaggregated params: {exc}") from None
 
 
+def refuse_logprobs(req: GenerateRequest) -> None:
+    """A 400 for logprobs on a generation-only request, before anything is submitted.
+
+    TensorRT-LLM 1.2 has no logprob for the first token the context side hands over, and its
+    result asserts `len(logprobs) == length` on every response (executor/result.py), so such
+    a stream fails. engine/remote_prefill.py prefills these requests locally instead.
+    """
+    if req.sampling.logprobs is not None or req.sampling.prompt_logprobs is not None:
+        raise InvalidRequestError(
+            "logprobs are not available for a request prefilled by a sibling on TensorRT-LLM "
+            "1.2 (the handed-over first token has none); prefill it locally",
+            param="logprobs",
+        )
+
+
 def to_generation_only(llmapi: Any, state: ContextState) -> Any:
     """The decode side's `DisaggregatedParams(request_type="generation_only", ...)`."""
     return llmapi.DisaggregatedParams(

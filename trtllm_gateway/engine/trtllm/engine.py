@@ -161,21 +161,20 @@ class TrtllmEngine:
         check_request(req, self.info, self._args)
         state = None
         if req.disagg is not None and req.disagg.request_type == "generation_only":
+            disagg.refuse_logprobs(req)
             state = disagg.unpack_context(req.disagg)
             if state.finish_reason not in (None, "not_finished", "length"):
                 yield disagg.finished_event(req, state)  # e.g. the end id came first
                 return
         sp = self._sampling(req)
         params = disagg.to_generation_only(self._llmapi, state) if state else None
-        lead = len(state.first_gen_tokens) if state else 0
-        lead_lps = (req.disagg.first_logprobs or ()) if req.disagg is not None else ()
         result = self._submit(req, sp, streaming=True, params=params)
         finished = False
         started = time.monotonic()
         first_token_at: float | None = None
         try:
             first = True
-            with self._errors.translated():
+            with self._errors.translated(one_request=True):
                 async for step in result:
                     event = step_event(
                         step,
@@ -183,8 +182,6 @@ class TrtllmEngine:
                         logprobs_k=req.sampling.logprobs,
                         prompt_logprobs_k=req.sampling.prompt_logprobs,
                         first=first,
-                        lead_tokens=lead if first else 0,
-                        lead_logprobs=lead_lps,
                         end_id=sp.end_id,
                     )
                     if event is None:
@@ -309,7 +306,7 @@ class TrtllmEngine:
     async def _await_result(self, request_id: str, result: Any) -> Any:
         done = False
         try:
-            with self._errors.translated():
+            with self._errors.translated(one_request=True):
                 out = await result
             done = True
             return out

@@ -103,16 +103,11 @@ def step_event(
     logprobs_k: int | None,
     prompt_logprobs_k: int | None,
     first: bool,
-    lead_tokens: int = 0,
-    lead_logprobs: tuple[TokenLogprob, ...] = (),
     end_id: int | None = None,
 ) -> TokenEvent | None:
     """The event for one streamed step, or None when the step carries nothing new.
 
     Call before awaiting the next step: `result` is mutated in place by TensorRT-LLM.
-    lead_tokens (a generation-only request's first event): how many leading tokens are the
-    context side's first_gen_tokens, whose logprobs (lead_logprobs) the context side computed;
-    TensorRT-LLM's own logprobs start after them.
     """
     out = result.outputs[0]
     token_ids = tuple(int(t) for t in out.token_ids_diff)
@@ -121,8 +116,7 @@ def step_event(
         finish = "stop"  # context-only 'not_finished' never reaches here; be total anyway
     logprobs = None
     if logprobs_k is not None and token_ids:
-        own = map_logprobs(out.logprobs_diff, token_ids[lead_tokens:], logprobs_k)
-        logprobs = lead_logprobs[:lead_tokens] + own
+        logprobs = map_logprobs(out.logprobs_diff, token_ids, logprobs_k)
     prompt_lps = None
     if first and prompt_logprobs_k is not None and out.prompt_logprobs:
         prompt_lps = map_prompt_logprobs(

@@ -153,6 +153,18 @@ class RequestOutput:
 
     # -- the scripted engine step ----------------------------------------------------------
     def _step(self) -> None:
+        self._advance()
+        out = self.outputs[0]
+        if self._sp.logprobs and out.finish_reason != "cancelled":
+            # Real (executor/result.py, GenerationResultBase._handle_sequence, 1.2 period):
+            # "overcome some WAR in the cpp executor" -- on every non-cancelled response
+            # `assert len(output.logprobs) == output.length`. A generation-only request's
+            # token_ids start with first_gen_tokens, which the context side produced and
+            # py_executor's _prepare_disagg_gen_transmission_complete adds without a logprob,
+            # so the assertion fails inside the caller's `async for`.
+            assert len(out.logprobs) == len(out.token_ids)
+
+    def _advance(self) -> None:
         out = self.outputs[0]
         out._last_token_ids_len = len(out.token_ids)
         out._last_logprobs_len = len(out.logprobs)
