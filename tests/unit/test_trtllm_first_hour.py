@@ -133,3 +133,48 @@ async def test_decode_instance_prefills_logprob_requests_locally(model_dir: Path
         assert stats.outcomes["local_logprobs"] == 1
     finally:
         await engine.stop()
+
+
+# -- 4. built-in defaults stay out of TensorRT-LLM -------------------------------------------
+async def test_max_batch_size_is_tensorrt_llms_unless_given(model_dir: Path) -> None:
+    """Real: TorchLlmArgs.max_batch_size defaults to 2048 (llmapi/llm_args.py); the built-in
+    engine's 64 sent on every start would silently cap concurrency at 64."""
+    engine = await _engine(model_dir)
+    try:
+        assert "max_batch_size" not in engine._args
+        assert engine._llm.args.max_batch_size == 2048
+        assert engine.info.max_batch_size == 2048  # admission is sized from it
+    finally:
+        await engine.stop()
+    engine = await _engine(model_dir, max_batch_size=8)
+    try:
+        assert engine._llm.args.max_batch_size == 8 == engine.info.max_batch_size
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("flags", "yaml_text", "tokens"),
+    [
+        ({}, "", 100 * 32),  # TensorRT-LLM's tokens_per_block default: 32, not the built-in 16
+        ({"block_size": 64}, "", 100 * 64),
+        ({}, "kv_cache_config:\n  tokens_per_block: 16\n", 100 * 16),
+        ({}, "kv_cache_config:\n  max_tokens: 999\n", 999),  # the YAML's own value wins
+    ],
+)
+async def test_num_kv_blocks_converts_with_the_engines_block_size(
+    model_dir: Path, tmp_path: Path, flags: dict[str, int], yaml_text: str, tokens: int
+) -> None:
+    """Real: KvCacheConfig.tokens_per_block defaults to 32 (llm_args.py) and the cache holds
+    max_tokens // tokens_per_block blocks (KVCacheManager); --num-kv-blocks 100 is 100 of them."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml_text or "{}\n")
+    engine = await _engine(model_dir, num_kv_blocks=100, extra_engine_args=extra, **flags)
+    try:
+        kv = engine._llm.args.kv_cache_config
+        assert kv.max_tokens == tokens
+        await _collect(engine.generate(_req(max_tokens=2)))
+        stats = await anext(aiter(engine._llm.get_stats_async(timeout=1)))
+        assert stats["kvCacheStats"]["maxNumBlocks"] == tokens // kv.tokens_per_block
+    finally:
+        await engine.stop()

@@ -25,6 +25,7 @@ from trtllm_gateway.config.trtllm_schema import trtllm_args_errors
 Layer = tuple[str, dict[str, Any]]  # (source name for error messages, args)
 
 OVERRIDE_SOURCE = "--override-engine-args"
+TRTLLM_TOKENS_PER_BLOCK = 32  # KvCacheConfig.tokens_per_block's default (llm_args.py)
 
 
 class EngineArgsError(ValueError):
@@ -106,8 +107,6 @@ def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
     }
     if "block_size" in settings.model_fields_set:
         kv_cache["tokens_per_block"] = settings.block_size
-    if settings.num_kv_blocks is not None:
-        kv_cache["max_tokens"] = settings.num_kv_blocks * settings.block_size
     if settings.enable_kv_events:
         kv_cache["event_buffer_max_size"] = 1024
         kv_cache["enable_block_reuse"] = True  # KV events need block reuse
@@ -121,7 +120,6 @@ def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
         "tensor_parallel_size": settings.tensor_parallel_size,
         "pipeline_parallel_size": settings.pipeline_parallel_size,
         "enable_attention_dp": settings.enable_attention_dp,
-        "max_batch_size": settings.max_batch_size,
         "max_beam_width": settings.max_beam_width,
         "trust_remote_code": settings.trust_remote_code,
         "dtype": settings.dtype,
@@ -129,9 +127,9 @@ def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
         "kv_cache_config": kv_cache,
         "disable_overlap_scheduler": settings.disable_overlap_scheduler,
     }
-    # The built-in engine's own defaults (2048, no chunking) would cap TensorRT-LLM's prompts
-    # at 2048 tokens; TensorRT-LLM's default max_num_tokens is 8192. Send them only if given.
-    for name in ("max_num_tokens", "enable_chunked_prefill"):
+    # The built-in engine's own defaults (2048 tokens a step, no chunking, 64 requests) would
+    # cap TensorRT-LLM's (8192, 2048 requests) silently. Send them only if given.
+    for name in ("max_num_tokens", "enable_chunked_prefill", "max_batch_size"):
         if name in settings.model_fields_set:
             args[name] = getattr(settings, name)
     if "stream_interval" in settings.model_fields_set:
@@ -156,15 +154,25 @@ def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
 
 def trtllm_layers(settings: Settings) -> list[Layer]:
     """All layers for --engine trtllm, lowest precedence first (files and JSON read here)."""
+    flags = trtllm_cli_args(settings)
     layers: list[Layer] = [
         ("built-in defaults", trtllm_default_args(settings)),
-        ("command-line flags", trtllm_cli_args(settings)),
+        ("command-line flags", flags),
     ]
     if settings.extra_engine_args is not None:
         path = settings.extra_engine_args
         layers.append((str(path), load_engine_args_file(path)))
     if settings.override_engine_args is not None:
         layers.append((OVERRIDE_SOURCE, parse_override(settings.override_engine_args)))
+    if settings.num_kv_blocks is not None:
+        # Blocks of the engine's own size: the final tokens_per_block (a YAML may set it),
+        # else TensorRT-LLM's default, never the built-in engine's 16.
+        block = TRTLLM_TOKENS_PER_BLOCK
+        for _, args in layers:
+            kv = args.get("kv_cache_config")
+            if isinstance(kv, Mapping) and isinstance(kv.get("tokens_per_block"), int):
+                block = kv["tokens_per_block"]
+        flags["kv_cache_config"]["max_tokens"] = settings.num_kv_blocks * block
     return layers
 
 

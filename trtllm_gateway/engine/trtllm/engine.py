@@ -42,7 +42,7 @@ from trtllm_gateway.engine.trtllm import disagg
 from trtllm_gateway.engine.trtllm.errors import ErrorTranslator, TrtllmRequestError
 from trtllm_gateway.engine.trtllm.inflight import InFlight
 from trtllm_gateway.engine.trtllm.kv_events import start_kv_feed
-from trtllm_gateway.engine.trtllm.limits import check_request
+from trtllm_gateway.engine.trtllm.limits import TRTLLM_MAX_BATCH_SIZE, check_request
 from trtllm_gateway.engine.trtllm.llm_args import create_llm_kwargs, select_llm_class
 from trtllm_gateway.engine.trtllm.loader import (
     import_llmapi,
@@ -249,8 +249,9 @@ class TrtllmEngine:
 
     # -- helpers ----------------------------------------------------------------------------
     def _read_info(self) -> EngineInfo:
-        # max_batch_size from the layered args: a YAML or --override may change the flag's value.
-        batch = int(self._args.get("max_batch_size") or 0)
+        # max_batch_size from the layered args (a YAML or --override may change the flag's
+        # value), else TorchLlmArgs' own default: what TensorRT-LLM will actually run.
+        batch = int(self._args.get("max_batch_size") or TRTLLM_MAX_BATCH_SIZE)
         if _needs_conversion(self._model):  # known after start() converts it
             return EngineInfo(
                 model_id=self._model,

@@ -12,6 +12,7 @@ from trtllm_gateway.engine.protocol import (
 )
 
 TRTLLM_MAX_NUM_TOKENS = 8192  # TorchLlmArgs' default when no layer sets max_num_tokens
+TRTLLM_MAX_BATCH_SIZE = 2048  # likewise for max_batch_size
 
 
 def check_request(req: GenerateRequest, info: EngineInfo, args: dict[str, Any]) -> None:

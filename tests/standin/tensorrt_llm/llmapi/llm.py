@@ -258,7 +258,8 @@ class LLM:
             (len(r.prompt_token_ids) + len(r.outputs[0].token_ids)) // kv.tokens_per_block + 1
             for r in self._active.values()
         )
-        max_blocks = 4096
+        # KVCacheManager sizes the pool from max_tokens when given (in tokens_per_block blocks).
+        max_blocks = kv.max_tokens // kv.tokens_per_block if kv.max_tokens else 4096
         self._stats.put(
             {
                 "iter": self._iteration,
