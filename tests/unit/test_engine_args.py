@@ -71,7 +71,7 @@ def test_cli_flags_map_to_llm_args(tmp_path: Path) -> None:
     assert args["max_seq_len"] == 8192
     assert args["kv_cache_config"]["free_gpu_memory_fraction"] == 0.5
     assert args["kv_cache_config"]["event_buffer_max_size"] > 0
-    assert args["cuda_graph_config"] == {"batch_sizes": [1, 4, 8], "max_batch_size": 8}
+    assert args["cuda_graph_config"] == {"batch_sizes": [1, 4, 8]}  # 1.2 refuses both
     assert args["guided_decoding_backend"] == "xgrammar"
     assert args["model"] == "/models/m"
 

@@ -378,7 +378,7 @@ custom_tokenizer: deepseek_v32
 model_kwargs: {num_hidden_layers: 2}
 env_overrides: {NCCL_DEBUG: WARN}
 nvfp4_gemm_config: {allowed_backends: [cutlass]}
-scheduler_config: {waiting_queue_policy: FCFS}
+scheduler_config: {waiting_queue_policy: fcfs}
 moe_config: {disable_finalize_fusion: true, use_low_precision_moe_combine: true}
 """
 EAGLE3 = """\

@@ -178,3 +178,88 @@ async def test_num_kv_blocks_converts_with_the_engines_block_size(
         assert stats["kvCacheStats"]["maxNumBlocks"] == tokens // kv.tokens_per_block
     finally:
         await engine.stop()
+
+
+# -- 5. the 1.2 schema as it is --------------------------------------------------------------
+@pytest.mark.parametrize("library", [True, False], ids=["TorchLlmArgs", "fallback-schema"])
+def test_waiting_queue_policy_and_dynamic_batch_defaults_as_1_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, library: bool
+) -> None:
+    """Real (llm_args.py): WaitingQueuePolicy.FCFS = "fcfs" (a lower-case StrEnum), so "FCFS"
+    is refused; DynamicBatchConfig's three fields all have defaults (True, False, 128)."""
+    from tests.unit.test_trtllm_fidelity import _hide_tensorrt_llm
+    from trtllm_gateway.config.check import check_file
+    from trtllm_gateway.config.engine_args import EngineArgsError
+
+    if not library:
+        _hide_tensorrt_llm(monkeypatch)
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "scheduler_config:\n  waiting_queue_policy: fcfs\n"
+        "  dynamic_batch_config: {enable_max_num_tokens_tuning: true}\n"
+    )
+    check_file(good)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("scheduler_config: {waiting_queue_policy: FCFS}\n")
+    with pytest.raises(EngineArgsError, match=r"waiting_queue_policy"):
+        check_file(bad)
+
+
+async def test_a_partial_dynamic_batch_config_starts(model_dir: Path, tmp_path: Path) -> None:
+    """The adapter builds DynamicBatchConfig from what the YAML gives; the rest are 1.2's
+    defaults (it once indexed all three keys: a KeyError at start-up)."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(
+        "scheduler_config:\n  dynamic_batch_config: {enable_batch_size_tuning: false}\n"
+    )
+    engine = await _engine(model_dir, extra_engine_args=extra)
+    try:
+        dyn = engine._llm.args.scheduler_config.dynamic_batch_config
+        assert (dyn.enable_batch_size_tuning, dyn.dynamic_batch_moving_average_window) == (
+            False,
+            128,
+        )
+    finally:
+        await engine.stop()
+
+
+async def test_cuda_graph_batch_sizes_flag_starts(model_dir: Path) -> None:
+    """Real: TorchLlmArgs.validate_cuda_graph_config (1.2 period) refuses batch_sizes together
+    with a max_batch_size unless the list equals the one it would generate ("Please don't set
+    both"); --cuda-graph-batch-sizes 1,2,4,8 must send the list alone."""
+    engine = await _engine(model_dir, cuda_graph_batch_sizes=[1, 2, 4, 8])
+    try:
+        assert engine._llm.args.cuda_graph_config.batch_sizes == [1, 2, 4, 8]
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize("library", [True, False], ids=["TorchLlmArgs", "fallback-schema"])
+@pytest.mark.parametrize(
+    "yaml_text",
+    [
+        "tokenizer_mode: fast\n",
+        "orchestrator_type: mpi\n",
+        "allreduce_strategy: FASTEST\n",
+        "kv_cache_config: {max_attention_window: []}\n",
+        "kv_cache_config: {max_attention_window: [0, 512]}\n",
+        "kv_cache_config: {mamba_ssm_cache_dtype: fp8}\n",
+        "guided_decoding_backend: outlines\n",
+        "cuda_graph_config: {batch_sizes: [1, 2, 4, 8], max_batch_size: 8}\n",
+    ],
+)
+def test_typed_fields_refuse_what_1_2_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, library: bool, yaml_text: str
+) -> None:
+    """The stand-in's TorchLlmArgs carries llm_args.py's field types (no longer Any), so the
+    schema is checked against 1.2 rather than against itself; both paths refuse these."""
+    from tests.unit.test_trtllm_fidelity import _hide_tensorrt_llm
+    from trtllm_gateway.config.check import check_file
+    from trtllm_gateway.config.engine_args import EngineArgsError
+
+    if not library:
+        _hide_tensorrt_llm(monkeypatch)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(EngineArgsError):
+        check_file(path)

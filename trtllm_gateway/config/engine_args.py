@@ -2,10 +2,11 @@
 
 Each layer is a plain dict; later layers win and nested dicts merge key by key at every depth,
 so a YAML `kv_cache_config: {dtype: fp8}` keeps the flags' `free_gpu_memory_fraction`. (trtllm-
-serve's own --extra_llm_api_options merge is shallow: `llm_args | llm_args_dict` in
-tensorrt_llm/llmapi/llm_args.py, update_llm_args_with_extra_dict, so a YAML section replaces
-the flags' section whole, e.g. a YAML scheduler_config drops every scheduler key it does not
-name; later versions deep-merge kv_cache_config only.)
+serve 1.2's own --extra_llm_api_options merge, update_llm_args_with_extra_dict in
+tensorrt_llm/llmapi/llm_args.py, is `llm_args | llm_args_dict` at the top level except for
+kv_cache_config, whose keys it merges one level deep (`base_kv_config | yaml_kv_config`); any
+other YAML section, e.g. scheduler_config, replaces the flags' section whole there. The gateway
+merges every section key by key instead, so a YAML keeps the flags' keys it does not name.)
 Every failure is an `EngineArgsError` whose one-line message names the source (file or flag),
 the key path and the reason; never a traceback.
 """
@@ -145,8 +146,8 @@ def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
     if not settings.cuda_graphs:
         args["cuda_graph_config"] = None
     elif settings.cuda_graph_batch_sizes:
-        sizes = sorted(set(settings.cuda_graph_batch_sizes))
-        args["cuda_graph_config"] = {"batch_sizes": sizes, "max_batch_size": sizes[-1]}
+        # The list alone: 1.2 refuses it with a max_batch_size it would not generate itself.
+        args["cuda_graph_config"] = {"batch_sizes": sorted(set(settings.cuda_graph_batch_sizes))}
     if settings.guided_decoding_backend is not None:
         args["guided_decoding_backend"] = settings.guided_decoding_backend
     return args

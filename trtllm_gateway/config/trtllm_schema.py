@@ -14,6 +14,7 @@ them into one-line messages.
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -40,7 +41,7 @@ class StrictModel(BaseModel):
 class KvCacheConfig(StrictModel):
     enable_block_reuse: bool = True
     max_tokens: int | None = Field(None, ge=1)
-    max_attention_window: list[int] | None = None
+    max_attention_window: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)
     sink_token_length: int | None = None
     free_gpu_memory_fraction: float | None = Field(0.9, ge=0.0, le=1.0)
     host_cache_size: int | None = None
@@ -52,17 +53,17 @@ class KvCacheConfig(StrictModel):
     enable_partial_reuse: bool = True
     copy_on_partial_reuse: bool = True
     use_uvm: bool = False
-    max_gpu_total_bytes: int = 0
+    max_gpu_total_bytes: int = Field(0, ge=0)
     dtype: str = "auto"
-    mamba_ssm_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     tokens_per_block: int = Field(32, ge=1)
 
 
 class DynamicBatchConfig(StrictModel):
-    # No defaults in 1.0/1.1: all three or none. Only the TensorRT backend uses it.
-    enable_batch_size_tuning: bool
-    enable_max_num_tokens_tuning: bool
-    dynamic_batch_moving_average_window: int
+    # 1.2: each field has a default. Only the TensorRT backend uses it.
+    enable_batch_size_tuning: bool = True
+    enable_max_num_tokens_tuning: bool = False
+    dynamic_batch_moving_average_window: int = 128
 
 
 class SchedulerConfig(StrictModel):
@@ -72,7 +73,7 @@ class SchedulerConfig(StrictModel):
     context_chunking_policy: Literal["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"] | None = None
     # Kept for the TensorRT backend; TensorRT-LLM's PyTorch backend ignores it.
     dynamic_batch_config: DynamicBatchConfig | None = None
-    waiting_queue_policy: Literal["FCFS"] = "FCFS"
+    waiting_queue_policy: Literal["fcfs"] = "fcfs"  # WaitingQueuePolicy.FCFS's value
 
 
 class CudaGraphConfig(StrictModel):
@@ -81,14 +82,29 @@ class CudaGraphConfig(StrictModel):
     enable_padding: bool = False
 
     @model_validator(mode="after")
-    def _max_matches_sizes(self) -> CudaGraphConfig:
+    def _not_both(self) -> CudaGraphConfig:
+        # 1.2's TorchLlmArgs.validate_cuda_graph_config: with both set, batch_sizes must be
+        # the very list max_batch_size generates ("Please don't set both").
         if (
             self.batch_sizes
             and self.max_batch_size
-            and self.max_batch_size != max(self.batch_sizes)
+            and sorted(self.batch_sizes)
+            != generated_cuda_graph_batch_sizes(self.max_batch_size, self.enable_padding)
         ):
-            raise ValueError("max_batch_size must equal max(batch_sizes) when both are given")
+            raise ValueError(
+                "set batch_sizes or max_batch_size, not both (TensorRT-LLM 1.2 refuses both "
+                "unless batch_sizes is the list max_batch_size generates)"
+            )
         return self
+
+
+def generated_cuda_graph_batch_sizes(max_batch_size: int, enable_padding: bool) -> list[int]:
+    """The list 1.2's CudaGraphConfig generates from max_batch_size."""
+    sizes = (
+        [1, 2, 4, *(i * 8 for i in range(1, 17))] if enable_padding else [*range(1, 33), 64, 128]
+    )
+    sizes += [2**i for i in range(8, math.ceil(math.log2(max_batch_size)))]
+    return sorted(size for size in sizes if size <= max_batch_size)
 
 
 class CacheTransceiverConfig(StrictModel):
@@ -257,7 +273,13 @@ class TrtllmArgs(StrictModel):
     enable_min_latency: bool = False
     garbage_collection_gen0_threshold: int = 20000
     force_dynamic_quantization: bool = False
-    allreduce_strategy: str = "AUTO"
+    allreduce_strategy: (
+        Literal[
+            "AUTO", "NCCL", "UB", "MINLATENCY", "ONESHOT", "TWOSHOT", "LOWPRECISION", "MNNVL",
+            "NCCL_SYMMETRIC",
+        ]
+        | None
+    ) = "AUTO"  # fmt: skip
     checkpoint_format: str | None = None
     mm_encoder_only: bool = False
     enable_sleep: bool = False
@@ -288,7 +310,15 @@ def trtllm_args_errors(args: dict[str, Any]) -> list[dict[str, Any]]:
     """
     library = _torch_llm_args(args)
     if library is not None:
-        return _field_errors(library, args)
+        # Field types only; the one model-level rule a config file commonly breaks is added.
+        errors = _field_errors(library, args)
+        graphs = args.get("cuda_graph_config")
+        if not errors and isinstance(graphs, dict):
+            try:
+                CudaGraphConfig.model_validate(graphs, strict=False)
+            except ValidationError as exc:
+                errors = [{**e, "loc": ("cuda_graph_config", *e["loc"])} for e in exc.errors()]
+        return errors
     try:
         TrtllmArgs.model_validate(args)
     except ValidationError as exc:

@@ -9,8 +9,10 @@ below are under tensorrt_llm/ there, except those starting with cpp/):
   `tensorrt_llm._torch.auto_deploy.LLM`.
 - `llmapi/llm.py` + `llmapi/llm_args.py`: `LLM(model, tokenizer=None, ..., **kwargs)`: unknown
   kwargs raise `ValueError("LLM got invalid argument: ...")`; `backend` is popped; nested configs
-  accepted as objects or dicts and validated strictly (unknown keys raise); `DynamicBatchConfig` has
-  no defaults (all three fields required); `llm.args`, `llm.tokenizer`, `llm.shutdown()`.
+  accepted as objects or dicts and validated strictly (unknown keys raise) against a
+  `TorchLlmArgs` whose fields carry llm_args.py's types; `DynamicBatchConfig` fields default;
+  `waiting_queue_policy` is "fcfs"; batch_sizes with a max_batch_size that does not generate
+  them is refused (validate_cuda_graph_config); `llm.args`, `llm.tokenizer`, `llm.shutdown()`.
 - `llmapi/llm.py` `generate_async` is a plain method taking keyword arguments; raises
   `RuntimeError("LLM is shutting down")` after shutdown; without chunked prefill a prompt longer
   than max_num_tokens raises ValueError; `end_id` is filled when None (from the model's config.json

@@ -1,8 +1,8 @@
 """Merged LLM args (a plain dict) -> the LLM class and its keyword arguments.
 
 The dict comes from config.engine_args (already layered and validated). Here the documented
-config objects are built explicitly (SchedulerConfig, and DynamicBatchConfig with all three
-fields when a YAML gives one: only the TensorRT backend reads it; KvCacheConfig,
+config objects are built explicitly (SchedulerConfig, and DynamicBatchConfig from the keys a
+YAML gives, 1.2 defaulting the rest: only the TensorRT backend reads it; KvCacheConfig,
 CudaGraphConfig, CacheTransceiverConfig) and the backend picks the LLM class.
 """
 
@@ -51,15 +51,8 @@ def _build_objects(llmapi: Any, kwargs: dict[str, Any]) -> None:
         policy = sched.pop("capacity_scheduler_policy", "GUARANTEED_NO_EVICT")
         kwargs["scheduler_config"] = llmapi.SchedulerConfig(
             capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(policy),
-            dynamic_batch_config=(
-                llmapi.DynamicBatchConfig(
-                    enable_batch_size_tuning=dyn["enable_batch_size_tuning"],
-                    enable_max_num_tokens_tuning=dyn["enable_max_num_tokens_tuning"],
-                    dynamic_batch_moving_average_window=dyn["dynamic_batch_moving_average_window"],
-                )
-                if dyn is not None
-                else None
-            ),
+            # Only the keys given: 1.2 defaults the others.
+            dynamic_batch_config=llmapi.DynamicBatchConfig(**dyn) if dyn is not None else None,
             **sched,
         )
     for key, cls_name in (

@@ -6,10 +6,19 @@ but, like the real StrictBaseModel, not strict about types ("8" is coerced to 8)
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    model_validator,
+)
 
 
 class StrictBaseModel(BaseModel):
@@ -28,15 +37,15 @@ class ContextChunkingPolicy(StrEnum):
 
 
 class WaitingQueuePolicy(StrEnum):
-    FCFS = "FCFS"
+    FCFS = "fcfs"  # llm_args.py: lower case
 
 
 class DynamicBatchConfig(StrictBaseModel):
-    # 1.0/1.1: all three required (no defaults). The PyTorch backend ignores it: "This only
+    # 1.2 (llm_args.py): every field has a default. The PyTorch backend ignores it: "This only
     # applies for the TensorRT backend and cannot currently be used with the PyTorch backend."
-    enable_batch_size_tuning: bool
-    enable_max_num_tokens_tuning: bool
-    dynamic_batch_moving_average_window: int
+    enable_batch_size_tuning: bool = True
+    enable_max_num_tokens_tuning: bool = False
+    dynamic_batch_moving_average_window: int = 128
 
 
 class SchedulerConfig(StrictBaseModel):
@@ -49,9 +58,9 @@ class SchedulerConfig(StrictBaseModel):
 class KvCacheConfig(StrictBaseModel):
     enable_block_reuse: bool = True
     max_tokens: int | None = None
-    max_attention_window: list[int] | None = None
+    max_attention_window: list[PositiveInt] | None = Field(None, min_length=1)
     sink_token_length: int | None = None
-    free_gpu_memory_fraction: float | None = 0.9
+    free_gpu_memory_fraction: float | None = Field(0.9, ge=0, le=1)
     host_cache_size: int | None = None
     onboard_blocks: bool = True
     cross_kv_cache_fraction: float | None = None
@@ -61,16 +70,26 @@ class KvCacheConfig(StrictBaseModel):
     enable_partial_reuse: bool = True
     copy_on_partial_reuse: bool = True
     use_uvm: bool = False
-    max_gpu_total_bytes: int = 0
+    max_gpu_total_bytes: NonNegativeInt = 0
     dtype: str = "auto"
-    mamba_ssm_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     tokens_per_block: int = 32
 
 
 class CudaGraphConfig(StrictBaseModel):
     batch_sizes: list[int] | None = None
-    max_batch_size: int = 0
+    max_batch_size: int = Field(0, ge=0)
     enable_padding: bool = False
+
+    @staticmethod
+    def generated_batch_sizes(max_batch_size: int, enable_padding: bool) -> list[int]:
+        """CudaGraphConfig._generate_cuda_graph_batch_sizes (1.2 period)."""
+        if enable_padding:
+            sizes = [1, 2, 4] + [i * 8 for i in range(1, 17)]
+        else:
+            sizes = [*range(1, 32), 32, 64, 128]
+        sizes += [2**i for i in range(8, math.ceil(math.log(max_batch_size, 2)))]
+        return sorted(s for s in sizes if s <= max_batch_size)
 
 
 class CacheTransceiverConfig(StrictBaseModel):
@@ -98,91 +117,6 @@ class Nvfp4GemmConfig(StrictBaseModel):
     ]
 
 
-TORCH_LLM_ARGS = frozenset(
-    [
-        "model",
-        "tokenizer",
-        "tokenizer_mode",
-        "skip_tokenizer_init",
-        "trust_remote_code",
-        "dtype",
-        "revision",
-        "tokenizer_revision",
-        "tensor_parallel_size",
-        "pipeline_parallel_size",
-        "context_parallel_size",
-        "gpus_per_node",
-        "moe_cluster_parallel_size",
-        "moe_tensor_parallel_size",
-        "moe_expert_parallel_size",
-        "enable_attention_dp",
-        "enable_lm_head_tp_in_adp",
-        "pp_partition",
-        "cp_config",
-        "load_format",
-        "enable_lora",
-        "lora_config",
-        "peft_cache_config",
-        "kv_cache_config",
-        "enable_chunked_prefill",
-        "guided_decoding_backend",
-        "batched_logits_processor",
-        "iter_stats_max_iterations",
-        "request_stats_max_iterations",
-        "scheduler_config",
-        "cache_transceiver_config",
-        "sparse_attention_config",
-        "speculative_config",
-        "max_batch_size",
-        "max_input_len",
-        "max_seq_len",
-        "max_beam_width",
-        "max_num_tokens",
-        "gather_generation_logits",
-        "num_postprocess_workers",
-        "postprocess_tokenizer_dir",
-        "reasoning_parser",
-        "otlp_traces_endpoint",
-        "return_perf_metrics",
-        "perf_metrics_max_requests",
-        "orchestrator_type",
-        "cuda_graph_config",
-        "disable_overlap_scheduler",
-        "attention_dp_config",
-        "moe_config",
-        "attn_backend",
-        "sampler_type",
-        "enable_iter_perf_stats",
-        "enable_iter_req_stats",
-        "print_iter_log",
-        "batch_wait_timeout_ms",
-        "batch_wait_timeout_iters",
-        "batch_wait_max_tokens_ratio",
-        "torch_compile_config",
-        "enable_autotuner",
-        "enable_layerwise_nvtx_marker",
-        "enable_min_latency",
-        "garbage_collection_gen0_threshold",
-        "stream_interval",
-        "force_dynamic_quantization",
-        "allreduce_strategy",
-        "checkpoint_loader",
-        "checkpoint_format",
-        "kv_connector_config",
-        "mm_encoder_only",
-        "ray_worker_extension_cls",
-        "enable_sleep",
-        "max_stats_len",
-        "custom_tokenizer",
-        "model_kwargs",
-        "env_overrides",
-        "nvfp4_gemm_config",
-        "backend",
-    ]
-)
-"""`TorchLlmArgs` field names: every `LLM(**kwargs)` key must be one of these (§1.2, §1.3).
-`fail_fast_on_attention_window_too_large` is TrtLlmArgs' (the TensorRT backend), not here."""
-
 NESTED_MODELS: dict[str, type[StrictBaseModel]] = {
     "kv_cache_config": KvCacheConfig,
     "scheduler_config": SchedulerConfig,
@@ -192,36 +126,126 @@ NESTED_MODELS: dict[str, type[StrictBaseModel]] = {
     "nvfp4_gemm_config": Nvfp4GemmConfig,
 }
 
-_INT_FIELDS = (
-    "max_batch_size",
-    "max_num_tokens",
-    "max_seq_len",
-    "max_input_len",
-    "max_beam_width",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "stream_interval",
-)
-_BOOL_FIELDS = (
-    "enable_chunked_prefill",
-    "enable_attention_dp",
-    "enable_iter_perf_stats",
-    "disable_overlap_scheduler",
-    "trust_remote_code",
-)
 
-_FIELDS: dict[str, Any] = {
-    **dict.fromkeys(TORCH_LLM_ARGS, (Any, None)),
-    **dict.fromkeys(_INT_FIELDS, (int | None, None)),
-    **dict.fromkeys(_BOOL_FIELDS, (bool, False)),
-    "env_overrides": (dict[str, str] | None, None),
-    "model_kwargs": (dict[str, Any] | None, None),
-    **{name: (cls | None, None) for name, cls in NESTED_MODELS.items()},
-}
-TorchLlmArgs: type[BaseModel] = create_model(
-    "TorchLlmArgs",
-    __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
-    **_FIELDS,
-)
-"""The real class's field set and nested config types; validators that need a GPU are not
-reproduced (dtype checks CUDA, the tokenizer is loaded)."""
+class AttentionDpConfig(StrictBaseModel):
+    enable_balance: bool = False
+    timeout_iters: int = 50
+    batching_wait_iters: int = 10
+
+
+class TorchLlmArgs(StrictBaseModel):
+    """BaseLlmArgs + TorchLlmArgs (llmapi/llm_args.py, 1.2 period), field types as there.
+
+    Validators that need a GPU (dtype) or load the tokenizer are not reproduced; the
+    cuda-graph check that runs when the LLM is built is (`validate_cuda_graph_config`).
+    Nested configs the stand-in does not model are typed as the dicts they arrive as.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    model: str | Path | None = None  # required upstream; LLM(model, ...) passes it apart
+    tokenizer: str | Path | None = None
+    tokenizer_mode: Literal["auto", "slow"] = "auto"
+    skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    pipeline_parallel_size: int = 1
+    context_parallel_size: int = 1
+    gpus_per_node: int | None = None
+    moe_cluster_parallel_size: int | None = None
+    moe_tensor_parallel_size: int | None = None
+    moe_expert_parallel_size: int | None = None
+    enable_attention_dp: bool = False
+    enable_lm_head_tp_in_adp: bool = False
+    pp_partition: list[int] | None = None
+    cp_config: dict[str, Any] | None = None
+    load_format: str = "auto"  # TorchLlmArgs: Union[str, LoadFormat], upper-cased into the enum
+    enable_lora: bool = False
+    lora_config: dict[str, Any] | None = None
+    peft_cache_config: dict[str, Any] | None = None
+    kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
+    enable_chunked_prefill: bool = False
+    guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
+    batched_logits_processor: object | None = None
+    iter_stats_max_iterations: int | None = None
+    request_stats_max_iterations: int | None = None
+    scheduler_config: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    cache_transceiver_config: CacheTransceiverConfig | None = None
+    sparse_attention_config: dict[str, Any] | None = None
+    speculative_config: dict[str, Any] | None = None
+    max_batch_size: int | None = None
+    max_input_len: int | None = None
+    max_seq_len: int | None = None
+    max_beam_width: int | None = None
+    max_num_tokens: int | None = 8192
+    gather_generation_logits: bool = False
+    num_postprocess_workers: int = 0
+    postprocess_tokenizer_dir: str | None = None
+    reasoning_parser: str | None = None
+    otlp_traces_endpoint: str | None = None
+    backend: str | None = None
+    return_perf_metrics: bool = False
+    orchestrator_type: Literal["rpc", "ray"] | None = None
+    garbage_collection_gen0_threshold: int = 20000
+    cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
+    attention_dp_config: AttentionDpConfig | None = None
+    disable_overlap_scheduler: bool = False
+    moe_config: MoeConfig = Field(default_factory=MoeConfig)
+    attn_backend: str = "TRTLLM"
+    sampler_type: str = "auto"
+    enable_iter_perf_stats: bool = False
+    enable_iter_req_stats: bool = False
+    print_iter_log: bool = False
+    perf_metrics_max_requests: int = 0
+    batch_wait_timeout_ms: float = 0
+    batch_wait_timeout_iters: int = 0
+    batch_wait_max_tokens_ratio: float = 0
+    torch_compile_config: dict[str, Any] | None = None
+    enable_autotuner: bool = True
+    enable_layerwise_nvtx_marker: bool = False
+    enable_min_latency: bool = False
+    stream_interval: int = 1
+    force_dynamic_quantization: bool = False
+    allreduce_strategy: (
+        Literal[
+            "AUTO", "NCCL", "UB", "MINLATENCY", "ONESHOT", "TWOSHOT", "LOWPRECISION", "MNNVL",
+            "NCCL_SYMMETRIC",
+        ]
+        | None
+    ) = "AUTO"  # fmt: skip
+    checkpoint_loader: object | None = None
+    checkpoint_format: str | None = None
+    kv_connector_config: dict[str, Any] | None = None
+    mm_encoder_only: bool = False
+    ray_worker_extension_cls: str | None = None
+    enable_sleep: bool = False
+    max_stats_len: int = 1000
+    custom_tokenizer: str | None = None
+    model_kwargs: dict[str, Any] | None = None
+    env_overrides: dict[str, str] | None = None
+    nvfp4_gemm_config: Nvfp4GemmConfig | None = None
+
+    @model_validator(mode="after")
+    def _validate_cuda_graph_config(self) -> TorchLlmArgs:
+        # TorchLlmArgs.validate_cuda_graph_config (1.2 period): batch_sizes and a non-zero
+        # max_batch_size together must equal the generated list, else "Please don't set both".
+        config = self.cuda_graph_config
+        if config is None or not config.batch_sizes:
+            return self
+        sizes = sorted(config.batch_sizes)
+        if config.max_batch_size and sizes != CudaGraphConfig.generated_batch_sizes(
+            config.max_batch_size, config.enable_padding
+        ):
+            raise ValueError(
+                "Please don't set both cuda_graph_config.batch_sizes and "
+                "cuda_graph_config.max_batch_size."
+            )
+        return self
+
+
+TORCH_LLM_ARGS = frozenset(TorchLlmArgs.model_fields)
+"""Every `LLM(**kwargs)` key must be one of these (§1.2, §1.3).
+`fail_fast_on_attention_window_too_large` is TrtLlmArgs' (the TensorRT backend), not here."""
