@@ -95,3 +95,11 @@ def test_llama4_eagle() -> None:
     spec = _load("llama4-eagle-agg.yaml")["speculative_config"]
     assert spec["decoding_type"] in ("Eagle", "Eagle3")
     assert spec["speculative_model_dir"]
+
+
+def test_llava_keeps_prefix_reuse() -> None:
+    """1.2's llm.py hashes each image into the block keys (input_processor_with_hash), so reuse
+    cannot mix images; the config no longer turns it off (issue 21 item 7)."""
+    assert _load("llava-v1.6-mistral-7b-agg.yaml")["kv_cache_config"].get(
+        "enable_block_reuse", True
+    )
