@@ -45,7 +45,7 @@ def _stored(parent: int | None, hashes: list[int], window: int = 4096) -> dict[s
 
 
 def test_convert_each_kind() -> None:
-    feed = TrtllmKvEvents(KvEventLog(0))
+    feed = TrtllmKvEvents(KvEventLog(0), block_size=2)
     created = {
         "event_id": 0,
         "window_size": 4096,
@@ -106,7 +106,7 @@ async def test_engine_publishes_converted_events(tmp_path: Path) -> None:
             await asyncio.sleep(0.03)
         records, _ = engine.kv_event_log.since(-1)
         assert isinstance(records[0].event, AllBlocksCleared)  # TensorRT-LLM's "created"
-        assert engine.kv_event_log.num_blocks == 1024
+        assert engine.kv_event_log.num_blocks == 4096
         stored = [r.event for r in records if isinstance(r.event, BlockStored)]
         assert stored, records
         assert stored[0].token_ids[:4] == (5, 6, 7, 8) and stored[0].block_size == 2

@@ -7,8 +7,10 @@ was fixed. Sources: NVIDIA/TensorRT-LLM (1.2 period) and ai-dynamo/dynamo 0.8.1.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +18,9 @@ import pytest
 from tests.standin import ensure_on_path
 from tests.unit.test_trtllm_engine import _collect, _engine, _ids, _req, model_dir
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from trtllm_gateway.engine.kv_events_zmq import decode_batch, encode_batch
+from trtllm_gateway.engine.kv_index import PrefixIndex
 from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine
 from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
 
@@ -263,3 +268,72 @@ def test_typed_fields_refuse_what_1_2_refuses(
     path.write_text(yaml_text)
     with pytest.raises(EngineArgsError):
         check_file(path)
+
+
+# -- 3. partial KV blocks and attention-DP ranks --------------------------------------------
+async def _kv_records(engine: Any, after: int = -1) -> list[Any]:
+    for _ in range(100):
+        records, _lost = engine.kv_event_log.since(after)
+        if records and not isinstance(records[-1].event, AllBlocksCleared):
+            await asyncio.sleep(0.05)  # let the rest of this request's events arrive
+            return engine.kv_event_log.since(after)[0]
+        await asyncio.sleep(0.03)
+    return []
+
+
+async def test_partial_blocks_never_reach_the_prefix_index(model_dir: Path) -> None:
+    """Real: stored runs may end in a partial block (fewer than tokens_per_block tokens;
+    kvCacheEventManager.cpp), and Dynamo's publisher (dynamo/trtllm/publisher.py) stops each
+    run at its first partial block, remembering its hash so its removal is not sent. The
+    adapter once took block_size from the first block: a 10-token prompt made it 9."""
+    engine = await _engine(model_dir, enable_kv_events=True, num_kv_blocks=3)
+    index = PrefixIndex()
+    try:
+        await _collect(engine.generate(_req("short", prompt=tuple(range(3, 13)), max_tokens=2)))
+        await asyncio.sleep(0.3)
+        records, _ = engine.kv_event_log.since(-1)
+        assert not [r for r in records if isinstance(r.event, BlockStored)]
+        assert engine.kv_event_log.block_size == 32
+        long_prompt = tuple(range(20, 90))  # 69 keyed tokens: 2 full blocks and a partial one
+        await _collect(engine.generate(_req("long", prompt=long_prompt, max_tokens=2)))
+        records = await _kv_records(engine)
+        stored = [r.event for r in records if isinstance(r.event, BlockStored)]
+        assert len(stored) == 1 and stored[0].block_size == 32
+        assert stored[0].token_ids == long_prompt[:64] and len(stored[0].block_hashes) == 2
+        for rec in records:
+            index.apply(rec.event)
+        assert index.block_size == 32 and index.cached_tokens(long_prompt) == 64
+        # The pool holds 3 blocks: the next prompt evicts, partial blocks among them; only
+        # full blocks the index was told about are ever reported removed.
+        told = set(stored[0].block_hashes)
+        last = records[-1].event_id
+        await _collect(engine.generate(_req("evict", prompt=tuple(range(100, 170)), max_tokens=2)))
+        later = await _kv_records(engine, last)
+        removed = [
+            h for r in later if isinstance(r.event, BlockRemoved) for h in r.event.block_hashes
+        ]
+        assert removed and set(removed) <= told
+    finally:
+        await engine.stop()
+
+
+async def test_attention_dp_rank_is_carried(model_dir: Path) -> None:
+    """Real: with attention DP each rank has its own cache and every event carries
+    `attention_dp_rank` (KVCacheEventSerializer, _utils.py); the DeepSeek decode config turns
+    attention DP on. The adapter once reported rank 0 for all."""
+    engine = await _engine(
+        model_dir, enable_kv_events=True, enable_attention_dp=True, tensor_parallel_size=2
+    )
+    try:
+        for i in range(2):
+            prompt = tuple(range(200 + 40 * i, 240 + 40 * i))
+            await _collect(engine.generate(_req(f"r{i}", prompt=prompt, max_tokens=2)))
+        await asyncio.sleep(0.3)
+        records, _ = engine.kv_event_log.since(-1)
+        ranks = {r.event.dp_rank for r in records if isinstance(r.event, BlockStored)}
+        assert ranks == {0, 1}
+        assert encode_batch([records[-1]]) and decode_batch(
+            encode_batch([records[-1]])
+        ).data_parallel_rank == (records[-1].event.dp_rank)
+    finally:
+        await engine.stop()

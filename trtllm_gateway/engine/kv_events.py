@@ -25,16 +25,18 @@ class BlockStored:
     token_ids: tuple[int, ...]  # block_size tokens per hash, in order
     block_size: int
     lora_id: int | None = None
+    dp_rank: int = 0  # the attention-DP rank whose cache this is (TensorRT-LLM attention DP)
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
     block_hashes: tuple[int, ...]
+    dp_rank: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class AllBlocksCleared:
-    pass
+    dp_rank: int = 0
 
 
 KvCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
@@ -58,7 +60,12 @@ def signed64(value: bytes | int) -> int:
 def event_json(rec: KvEventRecord) -> dict[str, Any]:
     """One event as JSON (the NDJSON stream's lines): vLLM's field names plus id and time."""
     ev = rec.event
-    out: dict[str, Any] = {"event_id": rec.event_id, "ts": rec.ts, "type": type(ev).__name__}
+    out: dict[str, Any] = {
+        "event_id": rec.event_id,
+        "ts": rec.ts,
+        "type": type(ev).__name__,
+        "dp_rank": ev.dp_rank,
+    }
     if isinstance(ev, BlockStored):
         out |= {
             "block_hashes": list(ev.block_hashes),
@@ -84,13 +91,15 @@ def event_from_json(raw: dict[str, Any]) -> KvCacheEvent:
                 token_ids=tuple(int(t) for t in raw["token_ids"]),
                 block_size=int(raw["block_size"]),
                 lora_id=raw.get("lora_id"),
+                dp_rank=int(raw.get("dp_rank") or 0),
             )
         if kind == "BlockRemoved":
-            return BlockRemoved(tuple(int(h) for h in raw["block_hashes"]))
+            hashes = tuple(int(h) for h in raw["block_hashes"])
+            return BlockRemoved(hashes, dp_rank=int(raw.get("dp_rank") or 0))
     except (KeyError, TypeError) as e:
         raise ValueError(f"bad {kind} event: {e}") from None
     if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
+        return AllBlocksCleared(dp_rank=int(raw.get("dp_rank") or 0))
     raise ValueError(f"unknown KV event type {kind!r}")
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
 
 import msgspec
 import zmq
@@ -68,7 +67,11 @@ def wire_event(rec: KvEventRecord) -> _BlockStored | _BlockRemoved | _AllBlocksC
 
 
 def encode_batch(records: list[KvEventRecord]) -> bytes:
-    return msgspec.msgpack.encode(EventBatch(records[-1].ts, [wire_event(r) for r in records]))
+    """One batch; its records share one data-parallel rank (the publisher splits by rank)."""
+    rank = records[-1].event.dp_rank
+    return msgspec.msgpack.encode(
+        EventBatch(records[-1].ts, [wire_event(r) for r in records], data_parallel_rank=rank)
+    )
 
 
 def decode_batch(payload: bytes) -> EventBatch:
@@ -111,9 +114,10 @@ class ZmqKvPublisher:
                     stop = True
                     break
                 records.append(nxt)
-            frames: list[Any] = [self._topic, self._seq.to_bytes(8, "big"), encode_batch(records)]
-            self._sock.send_multipart(frames)
-            self._seq += 1
+            for batch in _by_rank(records):
+                frames = [self._topic, self._seq.to_bytes(8, "big"), encode_batch(batch)]
+                self._sock.send_multipart(frames)
+                self._seq += 1
             if stop:
                 return
 
@@ -123,3 +127,14 @@ class ZmqKvPublisher:
         self._thread.join(timeout=5)
         self._sock.close(linger=0)
         self._ctx.term()
+
+
+def _by_rank(records: list[KvEventRecord]) -> list[list[KvEventRecord]]:
+    """Consecutive runs of one data-parallel rank, in order (a batch names one rank)."""
+    runs: list[list[KvEventRecord]] = []
+    for rec in records:
+        if runs and runs[-1][-1].event.dp_rank == rec.event.dp_rank:
+            runs[-1].append(rec)
+        else:
+            runs.append([rec])
+    return runs

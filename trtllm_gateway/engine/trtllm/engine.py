@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from trtllm_gateway.config.engine_args import resolve_trtllm_args
+from trtllm_gateway.config.engine_args import TRTLLM_TOKENS_PER_BLOCK, resolve_trtllm_args
 from trtllm_gateway.config.settings import DEFAULT_MODEL, Settings
 from trtllm_gateway.config.trtllm_schema import validated_against
 from trtllm_gateway.engine.kv_events import KvEventLog
@@ -116,7 +116,10 @@ class TrtllmEngine:
         self._stats.start()
         if kv_events:
             self.kv_event_log.enabled = True
-            self._kv_feed = start_kv_feed(self.kv_event_log, self.kv_events())
+            block = self._args.get("kv_cache_config", {}).get("tokens_per_block")
+            self._kv_feed = start_kv_feed(
+                self.kv_event_log, self.kv_events(), block or TRTLLM_TOKENS_PER_BLOCK
+            )
         self._state = "ready"
         logger.info("TensorRT-LLM engine ready: %s (%s mode)", self._model, self._settings.mode)
 

@@ -4,8 +4,11 @@ TensorRT-LLM 1.2 (`LLM.get_kv_cache_events_async`, serialized by KVCacheEventSer
 `{"event_id", "window_size", "data": {"type": ...}}` with data of type
 - "created": a new cache (num_blocks_per_cache_level) -> AllBlocksCleared;
 - "stored": `parent_hash` and `blocks: [{block_hash, tokens: [{token_id, ...}], lora_id?, ...}]`
-  -> one BlockStored (hashes as signed 64-bit, as Dynamo's publisher converts them);
+  -> one BlockStored of the full blocks (hashes as signed 64-bit, as Dynamo's publisher converts
+  them); the run stops at its first partial block (fewer than tokens_per_block tokens), whose
+  hash is remembered so that its later removal is not forwarded (Dynamo's publisher.py);
 - "removed": `block_hashes` -> BlockRemoved;
+- `attention_dp_rank` (attention DP: one cache per rank) -> the events' dp_rank.
 - "updated": a block's priority or cache level changed -> nothing a router needs.
 As Dynamo's publisher does, events of a window smaller than the largest one announced in the
 "created" events (sliding-window layers) are dropped.
@@ -32,40 +35,67 @@ logger = logging.getLogger(__name__)
 
 
 class TrtllmKvEvents:
-    """Converts and appends; one per engine. `window` is the largest attention window seen."""
+    """Converts and appends; one per engine. `window` is the largest attention window seen;
+    `block_size` is the engine's tokens_per_block (never read off an event)."""
 
-    def __init__(self, kv_log: KvEventLog) -> None:
+    def __init__(self, kv_log: KvEventLog, block_size: int) -> None:
         self.log = kv_log
+        self.log.block_size = block_size
+        self.block_size = block_size
         self.window = 0
+        # Hashes of partial blocks left out of BlockStored: their removal is not forwarded.
+        self.partial: set[int] = set()
 
     def convert(self, raw: dict[str, Any]) -> KvCacheEvent | None:
         data = raw.get("data") or {}
         kind = data.get("type")
         window = int(raw.get("window_size") or 0)
+        rank = int(raw.get("attention_dp_rank") or 0)
         if kind == "created":
             levels = data.get("num_blocks_per_cache_level") or [0]
             self.log.num_blocks = max(self.log.num_blocks, int(levels[0]))
             self.window = max(self.window, window)
-            return AllBlocksCleared()
+            return AllBlocksCleared(dp_rank=rank)
         if window and window < self.window:
             return None
         if kind == "stored":
-            blocks = data.get("blocks") or []
-            if not blocks:
-                return None
-            tokens = [[int(t["token_id"]) for t in b.get("tokens") or []] for b in blocks]
-            parent = data.get("parent_hash")
-            self.log.block_size = len(tokens[0])
-            return BlockStored(
-                block_hashes=tuple(signed64(int(b["block_hash"])) for b in blocks),
-                parent_block_hash=None if parent is None else signed64(int(parent)),
-                token_ids=tuple(t for block in tokens for t in block),
-                block_size=len(tokens[0]),
-                lora_id=blocks[0].get("lora_id"),
-            )
+            return self._stored(data, rank)
         if kind == "removed":
-            return BlockRemoved(tuple(signed64(int(h)) for h in data.get("block_hashes") or ()))
+            hashes = [signed64(int(h)) for h in data.get("block_hashes") or ()]
+            kept = tuple(h for h in hashes if h not in self.partial)
+            self.partial.difference_update(hashes)
+            return BlockRemoved(kept, dp_rank=rank) if kept else None
         return None
+
+    def _stored(self, data: dict[str, Any], rank: int) -> BlockStored | None:
+        """Full blocks up to the first partial one (whose hash is remembered), as Dynamo's
+        publisher does: a router's index holds full blocks of one size only."""
+        hashes: list[int] = []
+        tokens: list[int] = []
+        for block in data.get("blocks") or []:
+            ids = [int(t["token_id"]) for t in block.get("tokens") or []]
+            h = signed64(int(block["block_hash"]))
+            if len(ids) > self.block_size:
+                raise ValueError(
+                    f"a block of {len(ids)} tokens; tokens_per_block is {self.block_size}"
+                )
+            if len(ids) < self.block_size:
+                self.partial.add(h)
+                break
+            hashes.append(h)
+            tokens += ids
+        if not hashes:
+            return None
+        parent = data.get("parent_hash")
+        blocks = data.get("blocks") or [{}]
+        return BlockStored(
+            block_hashes=tuple(hashes),
+            parent_block_hash=None if parent is None else signed64(int(parent)),
+            token_ids=tuple(tokens),
+            block_size=self.block_size,
+            lora_id=blocks[0].get("lora_id"),
+            dp_rank=rank,
+        )
 
     def feed(self, raw: dict[str, Any]) -> None:
         try:
@@ -77,9 +107,11 @@ class TrtllmKvEvents:
             self.log.append(event)
 
 
-def start_kv_feed(kv_log: KvEventLog, events: AsyncIterator[dict[str, Any]]) -> asyncio.Task[None]:
+def start_kv_feed(
+    kv_log: KvEventLog, events: AsyncIterator[dict[str, Any]], block_size: int
+) -> asyncio.Task[None]:
     """A task appending TensorRT-LLM's events to `kv_log` until cancelled (engine stop)."""
-    feed = TrtllmKvEvents(kv_log)
+    feed = TrtllmKvEvents(kv_log, block_size)
 
     async def run() -> None:
         with contextlib.suppress(asyncio.CancelledError):

@@ -232,7 +232,7 @@ class RequestOutput:
                 self._llm._on_finish(self)
                 raise RequestError("KV cache transfer failed: context state does not match")
         else:
-            self.cached_tokens = self._llm._reuse_prefix(self.prompt_token_ids)
+            self.cached_tokens = self._llm._reuse_prefix(self.request_id, self.prompt_token_ids)
         if self._sp.guided_decoding is not None and self._llm._guided is not None:
             self._guide = self._llm._guided.start(self._sp.guided_decoding, self._sp.end_id or 0)
             for token in self.outputs[0].token_ids:  # first_gen_tokens, generation-only side

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from tensorrt_llm._guided import GuidedDecoder
+from tensorrt_llm._kv_cache import BlockPool
 from tensorrt_llm.disaggregated_params import DisaggregatedParams
 from tensorrt_llm.executor.result import IterationResult, RequestOutput
 from tensorrt_llm.llmapi.llm_args import (
@@ -90,7 +91,15 @@ class LLM:
         self._iteration = 0
         self._stats = IterationResult()
         self._kv_events = IterationResult()
-        self._event_id = 0
+        kv = self.args.kv_cache_config
+        attention_dp = bool(getattr(self.args, "enable_attention_dp", False))
+        self._pool = BlockPool(
+            self._kv_events.put,
+            tokens_per_block=kv.tokens_per_block,
+            capacity=kv.max_tokens // kv.tokens_per_block if kv.max_tokens else 4096,
+            dp_size=self.args.tensor_parallel_size if attention_dp else 1,
+            attention_dp=attention_dp,
+        )
         # Lifetime counters, as the C++ KV cache manager keeps them: every iteration's
         # kvCacheStats repeats the running totals (kvCacheManager getKvCacheStats), not deltas.
         self._reused_blocks = 0
@@ -189,7 +198,7 @@ class LLM:
         return self._kv_events
 
     # -- called by RequestOutput ----------------------------------------------------------
-    def _reuse_prefix(self, prompt_token_ids: list[int]) -> int:
+    def _reuse_prefix(self, request_id: int, prompt_token_ids: list[int]) -> int:
         # As WindowBlockManager::addSequence / loadOrAllocateBlocks (batch_manager/
         # kvCacheManager.cpp): block keys cover the prompt less its last token ("it can't be
         # recovered"), so at least one token is always recomputed; each of the
@@ -210,43 +219,8 @@ class LLM:
         self._reused_blocks += reused
         self._missed_blocks += -(-len(prompt_token_ids) // size) - reused
         self._seen_blocks.update(new)
-        if new and kv.event_buffer_max_size > 0:
-            # As KVCacheEventManager (batch_manager/kvCacheEventManager.cpp): a "created" event
-            # first (enqueueCreatedEvent, when the cache is made; here before the first stored
-            # one), then "stored" runs whose parent_hash is the block they continue.
-            if self._event_id == 0:
-                self._kv_events.put(
-                    {
-                        "event_id": 0,
-                        "window_size": size * 1024,
-                        "data": {"type": "created", "num_blocks_per_cache_level": [1024, 0]},
-                    }
-                )
-            parent = hash(blocks[reused - 1]) & 0xFFFFFFFFFFFFFFFF if reused else None
-            self._event_id += 1
-            self._kv_events.put(
-                {
-                    "event_id": self._event_id,
-                    "window_size": size * 1024,
-                    "data": {
-                        "type": "stored",
-                        "parent_hash": parent,
-                        "blocks": [
-                            {
-                                "type": "stored_block",
-                                "block_hash": hash(b) & 0xFFFFFFFFFFFFFFFF,
-                                "tokens": [
-                                    {"type": "unique_token", "token_id": t, "token_extra_id": 0}
-                                    for t in b[-size:]
-                                ],
-                                "cache_level": 0,
-                                "priority": 35,
-                            }
-                            for b in new
-                        ],
-                    },
-                }
-            )
+        if kv.event_buffer_max_size > 0:
+            self._pool.store(prompt_token_ids[:keyed], self._pool.rank_for(request_id))
         return reused * size
 
     def _on_step(self, res: RequestOutput) -> None:
