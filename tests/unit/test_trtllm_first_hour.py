@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from trtllm_gateway.engine.kv_events_zmq import decode_batch, encode_batch
 from trtllm_gateway.engine.kv_index import PrefixIndex
+from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError, SamplingParams
 from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine
 from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
 
@@ -337,3 +339,57 @@ async def test_attention_dp_rank_is_carried(model_dir: Path) -> None:
         ).data_parallel_rank == (records[-1].event.dp_rank)
     finally:
         await engine.stop()
+
+
+# -- 6. LoRA adapters, served by name -----------------------------------------------------------
+def _adapter(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    (path / "adapter_config.json").write_text('{"r": 8, "target_modules": ["q_proj"]}')
+    return path
+
+
+async def test_lora_adapter_is_used_when_named(model_dir: Path, tmp_path: Path) -> None:
+    """Real: generate_async(lora_request=LoRARequest(name, int_id, path)) (executor/request.py:
+    the path must exist); the PyTorch backend loads it only with lora_config set, else ignores
+    it (executor/base_worker.py). Before: lora_config could be set but no request named one."""
+    sql = _adapter(tmp_path, "sql")
+    engine = await _engine(model_dir, lora_modules=[f"sql={sql}"])
+    try:
+        assert engine.info.lora_names == ("sql",)
+        assert engine._llm.args.lora_config.lora_dir == [str(sql)]
+        base = _ids(await _collect(engine.generate(_req("b", max_tokens=8, ignore_eos=True))))
+        req = GenerateRequest(
+            "l", (5, 6, 7), SamplingParams(max_tokens=8, ignore_eos=True), lora_name="sql"
+        )
+        tuned = _ids(await _collect(engine.generate(req)))
+        sent = engine._llm.recorded_requests[-1]["lora_request"]
+        assert (sent.lora_name, sent.lora_int_id, sent.lora_path) == ("sql", 1, str(sql))
+        assert tuned != base
+        with pytest.raises(InvalidRequestError, match="no LoRA adapter"):
+            await _collect(engine.generate(replace(req, request_id="x", lora_name="nope")))
+    finally:
+        await engine.stop()
+
+
+async def test_lora_adapter_that_cannot_load_fails_its_request(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()  # no adapter_config.json: LoraManager.load_from_ckpt cannot read it
+    engine = await _engine(model_dir, lora_modules=[f"broken={broken}"])
+    try:
+        req = GenerateRequest("l", (5, 6, 7), SamplingParams(max_tokens=4), lora_name="broken")
+        with pytest.raises(TrtllmRequestError):
+            await _collect(engine.generate(req))
+        assert engine.health().state == "ready"
+    finally:
+        await engine.stop()
+
+
+def test_lora_modules_need_trtllm_aggregated(tmp_path: Path) -> None:
+    for kw in ({"engine": "builtin"}, {"engine": "trtllm", "mode": "decode"}):
+        with pytest.raises(ValueError, match="--lora-modules needs --engine trtllm"):
+            Settings(lora_modules=[f"a={tmp_path}"], **kw)
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        Settings(engine="trtllm", lora_modules=["just-a-path"])

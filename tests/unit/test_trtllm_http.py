@@ -136,3 +136,22 @@ async def test_sampled_logprobs_outside_the_top_20_are_never_a_made_up_value(
     content = content["logprobs"]["content"]
     assert all(t["logprob"] == -9999.0 or -9999.0 < t["logprob"] <= 0 for t in content)
     assert all(len(t["top_logprobs"]) == 1 for t in content)
+
+
+async def test_lora_adapter_selected_by_model_name(model_dir: Path, tmp_path: Path) -> None:
+    """Issue 21 item 6: as vLLM and trtllm-serve, the model name selects a loaded adapter and
+    /v1/models lists it (parent: the base model); the response names the adapter."""
+    adapter = tmp_path / "sql-lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    async for client in _client(model_dir, lora_modules=[f"sql={adapter}"]):
+        models = (await client.get("/v1/models")).json()["data"]
+        assert [(m["id"], m.get("parent")) for m in models] == [(MODEL, None), ("sql", MODEL)]
+        assert (await client.get("/v1/models/sql")).status_code == 200
+        body = {"prompt": "Hello world", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        base = await client.post("/v1/completions", json={**body, "model": MODEL})
+        tuned = await client.post("/v1/completions", json={**body, "model": "sql"})
+        assert tuned.status_code == 200 and tuned.json()["model"] == "sql"
+        assert tuned.json()["choices"][0]["text"] != base.json()["choices"][0]["text"]
+        missing = await client.post("/v1/completions", json={**body, "model": "other"})
+        assert missing.status_code == 404

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from trtllm_gateway.config.settings import DEFAULT_MODEL, Settings
+from trtllm_gateway.config.settings import DEFAULT_MODEL, Settings, lora_module
 from trtllm_gateway.config.trtllm_schema import trtllm_args_errors
 
 Layer = tuple[str, dict[str, Any]]  # (source name for error messages, args)
@@ -150,6 +150,12 @@ def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
         args["cuda_graph_config"] = {"batch_sizes": sorted(set(settings.cuda_graph_batch_sizes))}
     if settings.guided_decoding_backend is not None:
         args["guided_decoding_backend"] = settings.guided_decoding_backend
+    if settings.lora_modules:
+        # PyTorch backend: without lora_config no LoRA manager exists and TensorRT-LLM silently
+        # ignores every lora_request (executor/base_worker.py); lora_dir gives the target modules.
+        paths = [lora_module(entry)[1] for entry in settings.lora_modules]
+        n = len(paths)
+        args["lora_config"] = {"lora_dir": paths, "max_loras": n, "max_cpu_loras": n}
     return args
 
 

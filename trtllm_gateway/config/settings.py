@@ -129,6 +129,11 @@ class Settings(BaseSettings):
         description="TensorRT-LLM's structured output backend (trtllm: needed for "
         "response_format; a Lark grammar needs llguidance).",
     )
+    lora_modules: list[str] = Field(
+        default_factory=list,
+        description="LoRA adapters NAME=PATH (trtllm, aggregated mode): the request's model "
+        "name selects one; /v1/models lists them. Comma list.",
+    )
     enable_kv_events: bool = Field(False, description="Publish KV-cache events for routers.")
     cache_transceiver_backend: Literal["DEFAULT", "UCX", "NIXL", "MPI"] = Field(
         "DEFAULT", description="KV transfer backend in prefill/decode modes."
@@ -286,6 +291,19 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_lora_modules(self) -> Settings:
+        if not self.lora_modules:
+            return self
+        if self.engine != "trtllm" or self.mode != "aggregated":
+            # The built-in engine has no LoRA; a prefill sibling would need the same adapters
+            # and the sibling protocol does not name one.
+            raise ValueError("--lora-modules needs --engine trtllm in --mode aggregated")
+        names = [lora_module(entry)[0] for entry in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError("--lora-modules: each adapter name must be unique")
+        return self
+
+    @model_validator(mode="after")
     def _check_prefill_pools(self) -> Settings:
         if self.prefill_pools:
             parse_prefill_pools(self.prefill_pools, self.prefill_url)  # ValueError names the part
@@ -310,3 +328,11 @@ class Settings(BaseSettings):
     vision_embed_cache_bytes: int = Field(
         256 * 1024 * 1024, ge=0, description="Image-embedding LRU cache size in bytes (0: off)."
     )
+
+
+def lora_module(entry: str) -> tuple[str, str]:
+    """(name, path) of one --lora-modules entry; ValueError naming the entry if malformed."""
+    name, sep, path = entry.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise ValueError(f"--lora-modules entry {entry!r} is not NAME=PATH")
+    return name.strip(), path.strip()

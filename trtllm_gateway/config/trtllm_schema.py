@@ -190,11 +190,15 @@ SpeculativeConfig = Annotated[
 
 
 class LoraConfig(StrictModel):
+    # tensorrt_llm/lora_helper.py (a dataclass: an unknown key is a TypeError there).
     lora_dir: list[str] = Field(default_factory=list)
+    lora_ckpt_source: Literal["hf", "nemo"] = "hf"
     max_lora_rank: int = 64
-    max_loras: int = 4
-    max_cpu_loras: int = 4
     lora_target_modules: list[str] = Field(default_factory=list)
+    trtllm_modules_to_hf_modules: dict[str, str] = Field(default_factory=dict)
+    max_loras: int | None = None
+    max_cpu_loras: int | None = None
+    lora_weights_converters: list[str] = Field(default_factory=lambda: ["default"])
 
 
 class KvConnectorConfig(StrictModel):

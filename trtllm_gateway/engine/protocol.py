@@ -34,6 +34,8 @@ class EngineInfo:
     # Requests the engine runs at once, as configured after every layer of engine args
     # (0: unknown). The gateway sizes admission from it.
     max_batch_size: int = 0
+    # LoRA adapters a request may name as its model (TensorRT-LLM --lora-modules).
+    lora_names: tuple[str, ...] = ()
 
 
 GuidedKind = Literal["json", "json_object", "regex", "grammar"]
@@ -110,6 +112,7 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     images: tuple[ImageInput, ...] = ()
     disagg: DisaggParams | None = None
+    lora_name: str | None = None  # one of EngineInfo.lora_names, or the base model
 
 
 @dataclass(frozen=True, slots=True)

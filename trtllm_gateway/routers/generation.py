@@ -55,7 +55,9 @@ class GenerationRun:
         self.arrival = time.monotonic()
         self.serving = serving
         self.body = body
-        self.envelope = Envelope.of(body, request_id, serving.model_name)
+        # A LoRA adapter's name as the model selects it (vLLM, trtllm-serve); echoed back.
+        self.lora_name = body.model if body.model in serving.info.lora_names else None
+        self.envelope = Envelope.of(body, request_id, self.lora_name or serving.model_name)
         self.choices: list[Choice] = []
         self._engine_prefix = _engine_prefix(request_id)
 
@@ -81,7 +83,9 @@ class GenerationRun:
         )
         index = len(self.choices)
         engine_id = f"{self._engine_prefix}-{index}"
-        request = GenerateRequest(engine_id, tuple(prompt_token_ids), sampling, images)
+        request = GenerateRequest(
+            engine_id, tuple(prompt_token_ids), sampling, images, lora_name=self.lora_name
+        )
         self.choices.append(Choice(index, request, renderer))
         return renderer
 

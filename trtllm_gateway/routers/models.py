@@ -1,4 +1,4 @@
-"""GET /v1/models and /v1/models/{model_id}: the one served model."""
+"""GET /v1/models and /v1/models/{model_id}: the served model and its LoRA adapters."""
 
 from __future__ import annotations
 
@@ -21,13 +21,25 @@ def _card(state: State) -> ModelCard:
     )
 
 
+def _cards(state: State) -> list[ModelCard]:
+    """The base model, then one card per LoRA adapter (its parent is the base, as vLLM's)."""
+    base = _card(state)
+    info = getattr(state.engine, "info", None)
+    names = info.lora_names if info is not None else ()
+    return [base] + [
+        ModelCard(id=name, root=name, parent=base.id, max_model_len=base.max_model_len)
+        for name in names
+    ]
+
+
 @router.get("/v1/models")
 async def list_models(state: StateDep) -> ModelList:
-    return ModelList(data=[_card(state)])
+    return ModelList(data=_cards(state))
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, state: StateDep) -> ModelCard:
-    if model_id != state.model_name:
-        raise ModelNotFoundError(f"The model `{model_id}` does not exist.", param="model")
-    return _card(state)
+    for card in _cards(state):
+        if card.id == model_id:
+            return card
+    raise ModelNotFoundError(f"The model `{model_id}` does not exist.", param="model")

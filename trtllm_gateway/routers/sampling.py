@@ -23,7 +23,7 @@ def check_common(body: SamplingFields, serving: Serving) -> None:
             "instances; send generation requests to a decode or aggregated instance",
             code="wrong_mode",
         )
-    if body.model is not None and body.model != serving.model_name:
+    if body.model not in (None, serving.model_name, *serving.info.lora_names):
         raise ModelNotFoundError(f"The model `{body.model}` does not exist.", param="model")
     if body.best_of is not None and body.best_of > 1:
         raise BadRequestError("best_of > 1 is not supported.", param="best_of")

@@ -50,6 +50,7 @@ from trtllm_gateway.engine.trtllm.loader import (
     refuse_unsupported,
     set_trtllm_log_level,
 )
+from trtllm_gateway.engine.trtllm.lora import LoraAdapters
 from trtllm_gateway.engine.trtllm.model_info import read_engine_info
 from trtllm_gateway.engine.trtllm.multimodal import text_prompt
 from trtllm_gateway.engine.trtllm.outputs import map_logprobs, step_event
@@ -79,6 +80,7 @@ class TrtllmEngine:
         self._settings = settings
         self._args = resolve_trtllm_args(settings)
         logger.info("TensorRT-LLM args validated against %s", validated_against(self._args))
+        self._loras = LoraAdapters.from_settings(settings)
         self._model = str(self._args.get("model") or settings.model)
         self.tokenizer_dir = Path(str(self._args.get("tokenizer") or self._model))
         self.info: EngineInfo = self._read_info()
@@ -264,6 +266,7 @@ class TrtllmEngine:
                 mode=self._settings.mode,
                 engine="trtllm",
                 max_batch_size=batch,
+                lora_names=self._loras.names,
             )
         info = read_engine_info(
             self._model,
@@ -273,7 +276,7 @@ class TrtllmEngine:
             trust_remote_code=bool(self._args.get("trust_remote_code")),
             kv_cache=self._args.get("kv_cache_config"),
         )
-        return dataclasses.replace(info, max_batch_size=batch)
+        return dataclasses.replace(info, max_batch_size=batch, lora_names=self._loras.names)
 
     async def _convert_model(self) -> None:
         """'default' or a .gguf file: TensorRT-LLM reads HF checkpoints, so convert (cached)."""
@@ -292,6 +295,7 @@ class TrtllmEngine:
     def _submit(self, req: GenerateRequest, sp: Any, *, streaming: bool, params: Any) -> Any:
         if req.request_id in self._inflight:
             raise InvalidRequestError(f"request_id {req.request_id!r} is already running")
+        lora = self._loras.request(self._llmapi, req.lora_name)
         inputs: dict[str, Any] = {"prompt_token_ids": list(req.prompt_token_ids)}
         if req.images:
             inputs = self._mm_inputs(req)
@@ -299,7 +303,11 @@ class TrtllmEngine:
         # A bad parameter generate_async rejects is the request's fault, not the engine's.
         with self._errors.translated(invalid=(ValueError, TypeError)):
             result = self._llm.generate_async(
-                inputs, sampling_params=sp, streaming=streaming, disaggregated_params=params
+                inputs,
+                sampling_params=sp,
+                lora_request=lora,
+                streaming=streaming,
+                disaggregated_params=params,
             )
         logger.debug("request %s is TensorRT-LLM request %s", req.request_id, result.request_id)
         self._inflight.add(req.request_id, result)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorrt_llm import _scripted
 from tensorrt_llm.disaggregated_params import DisaggregatedParams
+from tensorrt_llm.executor.request import LoRARequest
 from tensorrt_llm.executor.utils import RequestError
 from tensorrt_llm.sampling_params import SamplingParams
 
@@ -78,6 +79,7 @@ class RequestOutput:
         sampling_params: SamplingParams,
         streaming: bool,
         disaggregated_params: DisaggregatedParams | None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt: str | None = None
@@ -90,6 +92,11 @@ class RequestOutput:
         self.metrics_dict: dict[Any, Any] = {}
         self.decoding_iter = 0
         self.disaggregated_params = disaggregated_params
+        self.lora_request = lora_request
+        # The adapter changes the "model": its id salts the token choice.
+        self._key_ids = (
+            [-lora_request.adapter_id, *prompt_token_ids] if lora_request else prompt_token_ids
+        )
         self._llm = llm
         self._sp = sampling_params
         self._streaming = streaming
@@ -182,7 +189,7 @@ class RequestOutput:
         sp = self._sp
         generated = self._position  # counts first_gen_tokens on the generation-only side
         self._position += 1
-        token = _scripted.token_at(self.prompt_token_ids, generated, self._llm._vocab_size)
+        token = _scripted.token_at(self._key_ids, generated, self._llm._vocab_size)
         if sp.embedding_bias is not None:
             token = _scripted.biased(token, sp.embedding_bias.squeeze(0).tolist())
         past_min = generated >= (sp.min_tokens or 0)
@@ -190,7 +197,7 @@ class RequestOutput:
             not sp.ignore_eos
             and past_min
             and self._llm._turn_end is not None
-            and generated == _scripted.natural_length(self.prompt_token_ids)
+            and generated == _scripted.natural_length(self._key_ids)
         ):
             # The model ends its turn with its own end-of-turn id; only end_id or a
             # stop_token_ids entry stops it (executor: end_id / stop words), else it runs on.
@@ -219,6 +226,12 @@ class RequestOutput:
 
     def _first_step(self) -> None:
         vocab = self._llm._vocab_size
+        lora = self.lora_request
+        if lora is not None and not os.path.isfile(os.path.join(lora.path, "adapter_config.json")):
+            # LoraManager.load_from_ckpt reads the HF adapter's config and weights.
+            self.finished = True
+            self._llm._on_finish(self)
+            raise RequestError(f"cannot load LoRA adapter from {lora.path}")
         if any(not 0 <= t < vocab for t in self.prompt_token_ids):
             self.finished = True
             self._llm._on_finish(self)

@@ -1,6 +1,7 @@
 """Stand-in `tensorrt_llm.llmapi` re-exports (§1.1)."""
 
 from tensorrt_llm.disaggregated_params import DisaggregatedParams
+from tensorrt_llm.executor.request import LoRARequest
 from tensorrt_llm.executor.result import CompletionOutput, RequestOutput
 from tensorrt_llm.executor.utils import RequestError
 from tensorrt_llm.llmapi.llm import LLM
@@ -27,6 +28,7 @@ __all__ = [
     "DynamicBatchConfig",
     "GuidedDecodingParams",
     "KvCacheConfig",
+    "LoRARequest",
     "MultimodalEncoder",
     "RequestError",
     "RequestOutput",

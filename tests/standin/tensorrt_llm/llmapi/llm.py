@@ -34,6 +34,7 @@ _DEFAULTS: dict[str, Any] = {
     "cache_transceiver_config": None,
     "max_stats_len": 1000,
     "guided_decoding_backend": None,
+    "lora_config": None,
 }
 
 
@@ -162,9 +163,16 @@ class LLM:
                 "streaming": streaming,
                 "disaggregated_params": disaggregated_params,
                 "inputs": inputs,
+                "lora_request": lora_request,
             }
         )
-        res = RequestOutput(self, request_id, prompt_token_ids, sp, streaming, disaggregated_params)
+        if lora_request is not None and self.args.lora_config is None:
+            # Real (executor/base_worker.py): the PyTorch backend builds a LoRA manager only
+            # with lora_config; without one every lora_request is silently ignored.
+            lora_request = None
+        res = RequestOutput(
+            self, request_id, prompt_token_ids, sp, streaming, disaggregated_params, lora_request
+        )
         self._active[request_id] = res
         self._any_request = True
         self._stats.mark_undone()

@@ -117,6 +117,19 @@ class Nvfp4GemmConfig(StrictBaseModel):
     ]
 
 
+class LoraConfig(StrictBaseModel):
+    """tensorrt_llm/lora_helper.py LoraConfig (a dataclass there: unknown keys are a TypeError)."""
+
+    lora_dir: list[str] = []
+    lora_ckpt_source: Literal["hf", "nemo"] = "hf"
+    max_lora_rank: int = 64
+    lora_target_modules: list[str] = []
+    trtllm_modules_to_hf_modules: dict[str, str] = {}
+    max_loras: int | None = None
+    max_cpu_loras: int | None = None
+    lora_weights_converters: list[str] = ["default"]
+
+
 NESTED_MODELS: dict[str, type[StrictBaseModel]] = {
     "kv_cache_config": KvCacheConfig,
     "scheduler_config": SchedulerConfig,
@@ -124,6 +137,7 @@ NESTED_MODELS: dict[str, type[StrictBaseModel]] = {
     "cache_transceiver_config": CacheTransceiverConfig,
     "moe_config": MoeConfig,
     "nvfp4_gemm_config": Nvfp4GemmConfig,
+    "lora_config": LoraConfig,
 }
 
 
@@ -164,7 +178,7 @@ class TorchLlmArgs(StrictBaseModel):
     cp_config: dict[str, Any] | None = None
     load_format: str = "auto"  # TorchLlmArgs: Union[str, LoadFormat], upper-cased into the enum
     enable_lora: bool = False
-    lora_config: dict[str, Any] | None = None
+    lora_config: LoraConfig | None = None
     peft_cache_config: dict[str, Any] | None = None
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
     enable_chunked_prefill: bool = False
