@@ -47,6 +47,14 @@ below are under tensorrt_llm/ there, except those starting with cpp/):
 Less kind than a naive fake, as the real library is (tests/unit/test_trtllm_fidelity.py):
 - the model ends its turn with the last EOS id of generation_config.json (Llama-3: <|eot_id|>),
   which stops generation only if it is `end_id` or in `stop_token_ids`;
+- sampled logprobs are the top k of the raw distribution only (TorchSampler), the sampled
+  token not added: under sampling it is often missing (`_scripted.sampled_rank`);
+- every non-cancelled response asserts `len(logprobs) == len(token_ids)`, which a
+  generation-only request (its first token handed over without a logprob) fails;
+- KV events: stored runs may end in a partial block, eviction sends "removed", and with
+  attention DP every event carries `attention_dp_rank` (`_kv_cache.py`);
+- `LoRARequest` needs an existing path; without `lora_config` a lora_request is ignored; an
+  adapter without `adapter_config.json` fails its request;
 - `logprobs=0` / `prompt_logprobs=0` return nothing (tested for truth); prompt logprobs are one
   top-k dict per prompt position, entry t scoring token t+1, the actual token only sometimes
   among them (`_scripted.prompt_topk`);
