@@ -85,7 +85,7 @@ async def test_streamed_tool_calls_reassemble_to_the_message(
     assert events[-1] == "[DONE]"
     assert without_ids(reassemble(events)) == without_ids(message_view(whole))
     deltas = [c["delta"] for e in events[:-1] for c in e["choices"]]
-    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[0] == {"role": "assistant"}  # a call may follow: OpenAI sends no content
     call_deltas = [d["tool_calls"] for d in deltas if "tool_calls" in d]
     first = call_deltas[0][0]
     assert set(first) == {"index", "id", "type", "function"}
@@ -146,7 +146,8 @@ async def test_named_tool_choice_is_constrained_and_returned_as_call(
         assert view["content"] == "" and view["finish_reason"] == "stop"
     guided = fake_engine.requests[0].sampling.guided
     assert guided is not None and guided.kind == "json"
-    assert json.loads(guided.spec) == WEATHER["function"]["parameters"]  # type: ignore[index]
+    sent = WEATHER["function"]["parameters"]  # type: ignore[index]
+    assert json.loads(guided.spec) == {**sent, "additionalProperties": False}
     assert guided.start_after == ()
 
 
@@ -242,3 +243,42 @@ async def test_tools_on_completions_is_400(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/completions", json=body)
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "tools"
+
+
+@pytest.mark.parametrize(
+    ("reply", "extra"),
+    [
+        ('{"city": "Paris"}', {"tool_choice": {"type": "function", "function": {"name": "f"}}}),
+        ('[{"name": "get_time", "parameters": {}}]', {"tool_choice": "required"}),
+        (HERMES_REPLY.split("Let me check.\n")[1], {"tool_choice": "auto"}),
+    ],
+)
+async def test_streamed_call_content_is_none_as_in_the_message(
+    client: httpx.AsyncClient, fake_engine: FakeEngine, tokenizer: Tokenizer, reply: str, extra: Any
+) -> None:
+    """The OpenAI SDK's own stream accumulator (`chat.completions.stream`) ends a tool-call
+    reply with content None, as the non-streamed message has (OpenAI's first tool-call delta
+    carries no content); a text reply still starts with content ""."""
+    import openai
+
+    script(fake_engine, tokenizer, reply)
+    extra = {**extra}
+    if "function" in extra["tool_choice"]:
+        extra["tool_choice"]["function"]["name"] = "get_weather"
+    sdk = openai.AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=client)
+    kwargs = chat(max_tokens=200, **extra)
+    plain = await sdk.chat.completions.create(**kwargs)
+    async with sdk.chat.completions.stream(**kwargs) as stream:
+        final = await stream.get_final_completion()
+    assert plain.choices[0].message.content is None
+    assert final.choices[0].message.content is None
+    streamed = final.choices[0].message.tool_calls or ()
+    streamed_calls = [
+        {"name": f.name, "arguments": f.arguments} for f in (c.function for c in streamed)
+    ]
+    plain_calls = [c.function.model_dump() for c in plain.choices[0].message.tool_calls or ()]
+    assert streamed_calls == plain_calls and plain_calls
+    script(fake_engine, tokenizer, "Sunny.")
+    r = await client.post(URL, json={**chat(max_tokens=5, tool_choice="none"), "stream": True})
+    first = parse_sse(r.text)[0]["choices"][0]["delta"]
+    assert first == {"role": "assistant", "content": ""}

@@ -32,7 +32,8 @@ def chat(**fields: Any) -> ChatCompletionRequest:
     )
 
 
-J = GuidedDecoding("json", json.dumps(SCHEMA))
+CLOSED = {**SCHEMA, "additionalProperties": False}
+J = GuidedDecoding("json", json.dumps(CLOSED))  # every JSON schema is closed by default
 JSON_SCHEMA = {
     "type": "json_schema",
     "json_schema": {"name": "x", "schema": SCHEMA, "strict": True},
@@ -83,8 +84,9 @@ def test_required_schema() -> None:
     schema = json.loads(constraint.guided.spec)
     assert schema["minItems"] == 1 and "maxItems" not in schema
     first, second = schema["items"]["anyOf"]
-    assert first["properties"] == {"name": {"type": "string", "enum": ["f"]}, "parameters": SCHEMA}
-    assert second["properties"]["parameters"] == {"type": "object", "properties": {}}
+    assert first["properties"] == {"name": {"type": "string", "enum": ["f"]}, "parameters": CLOSED}
+    no_params = {"type": "object", "properties": {}, "additionalProperties": False}
+    assert second["properties"]["parameters"] == no_params
     one = build_constraint(chat(tools=tools, tool_choice="required", parallel_tool_calls=False))
     assert one is not None and json.loads(one.guided.spec)["maxItems"] == 1
 
@@ -214,3 +216,84 @@ async def test_required_schema_keeps_recursive_tools() -> None:
     jsonschema.validate([{"name": "draw", "parameters": nested}], schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "draw", "parameters": {"label": "a", "kids": [{}]}}], schema)
+
+
+NESTED = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "stops": {"type": "array", "items": {"$ref": "#/$defs/Stop"}},
+        "meta": {"type": "object", "additionalProperties": {"type": "string"}},
+        "extra": {"anyOf": [{"type": "object", "properties": {"x": {"type": "integer"}}}]},
+        "const": {"const": {"properties": {"kept": 1}}},
+    },
+    "required": ["city"],
+    "$defs": {"Stop": {"type": "object", "properties": {"name": {"type": "string"}}}},
+}
+
+
+def test_every_object_with_properties_is_closed_at_every_depth() -> None:
+    """routers/closed_schema.py: what xgrammar's strict_mode and vLLM's
+    disable_additional_properties do (closed_schema.py cites both); explicit values and data
+    keywords (`const`) are left alone."""
+    import jsonschema
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": NESTED}}
+    for fields in (
+        {"tools": [tool], "tool_choice": NAMED},
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": NESTED}}},
+        {"guided_json": NESTED},
+    ):
+        constraint = build_constraint(chat(**fields))
+        assert constraint is not None
+        schema = json.loads(constraint.guided.spec)
+        assert schema["additionalProperties"] is False
+        assert schema["$defs"]["Stop"]["additionalProperties"] is False
+        props = schema["properties"]
+        assert props["meta"]["additionalProperties"] == {"type": "string"}
+        assert props["extra"]["anyOf"][0]["additionalProperties"] is False
+        assert props["const"] == NESTED["properties"]["const"]  # type: ignore[index]
+        jsonschema.validate({"city": "Paris", "meta": {"k": "v"}}, schema)
+        for bad in ({"city": "Paris", "location": "Europe"}, {"city": "P", "stops": [{"n": 1}]}):
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(bad, schema)
+
+
+def test_required_tool_calls_close_hoisted_definitions() -> None:
+    from pydantic import BaseModel
+
+    class Item(BaseModel):
+        name: str
+
+    class Order(BaseModel):
+        items: list[Item]
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": Order.model_json_schema()}}
+    constraint = build_constraint(chat(tools=[tool], tool_choice="required"))
+    assert constraint is not None
+    schema = json.loads(constraint.guided.spec)
+    assert schema["$defs"]["t0_Item"]["additionalProperties"] is False
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": [TOOL], "tool_choice": NAMED},
+        {"response_format": JSON_SCHEMA},
+        {SO: {"json": SCHEMA}},
+    ],
+)
+def test_opt_out_keeps_the_schema_as_sent(fields: dict[str, Any]) -> None:
+    so = {**fields.get(SO, {}), "disable_additional_properties": False}
+    constraint = build_constraint(chat(**{**fields, SO: so}))
+    assert constraint is not None
+    assert constraint.guided == GuidedDecoding("json", json.dumps(SCHEMA))
+    # true (vLLM's spelling of the default) closes, as unset does
+    so_true = {**fields.get(SO, {}), "disable_additional_properties": True}
+    closed = build_constraint(chat(**{**fields, SO: so_true}))
+    assert closed is not None and closed.guided == J
+
+
+def test_the_option_alone_is_no_constraint() -> None:
+    option = {"disable_additional_properties": False}
+    assert build_constraint(chat(structured_outputs=option)) is None

@@ -166,7 +166,11 @@ class ChatRenderer:
         return chat_logprobs(self.tokenizer, delta.logprobs, self.top_n)
 
     def prelude(self) -> list[ChatCompletionChunk]:
-        role = DeltaMessage(role="assistant", content="")
+        # OpenAI's first delta of a tool call has no content, so a client that accumulates the
+        # stream (the SDK's stream helper) ends with content None, as the non-streamed message
+        # has; a text reply starts with content "".
+        calls = self.plan.forced_tool is not None or self.plan.required or self.plan.tool_family
+        role = DeltaMessage(role="assistant", content=None if calls else "")
         return [
             self.chunk([ChatCompletionChunkChoice(index=i, delta=role)])
             for i in range(len(self.renderers))

@@ -103,9 +103,10 @@ class ChoiceReply:
 
     @staticmethod
     def delta_message(parsed: MessageDelta) -> DeltaMessage:
-        extra = bool(parsed.reasoning or parsed.tool_calls)
+        # No empty content: a finish chunk is `delta: {}` as OpenAI sends it, so a streamed
+        # tool-call reply accumulates to content None like the non-streamed message.
         return DeltaMessage(
-            content=parsed.content if parsed.content or not extra else None,
+            content=parsed.content or None,
             reasoning_content=parsed.reasoning or None,
             reasoning=parsed.reasoning or None,
             tool_calls=delta_tool_calls(parsed),

@@ -71,7 +71,7 @@ class ResponseFormat(BaseModel):
 
 
 class StructuredOutputs(BaseModel):
-    """vLLM's `structured_outputs` extension: exactly one constraint."""
+    """vLLM's `structured_outputs` extension: at most one constraint, and its options."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,6 +80,9 @@ class StructuredOutputs(BaseModel):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    # vLLM's option name; here unset means true: JSON schemas (response_format, structured
+    # outputs, forced tool calls) generate no undeclared keys. false keeps JSON Schema's reading.
+    disable_additional_properties: bool | None = None
 
 
 class FunctionDefinition(BaseModel):

@@ -3,6 +3,7 @@
 Sources, at most one per request: response_format (json_object, json_schema), vLLM's
 structured_outputs (json, regex, choice, grammar, json_object) and its older guided_* fields,
 and tool_choice "required" or a named function (a JSON schema of the call, as vLLM builds it).
+Every JSON schema is closed first (routers/closed_schema.py) unless the request opts out.
 Every failure is a 400 naming the param the constraint came from.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.engine.guided import check_guided
 from trtllm_gateway.engine.protocol import GuidedDecoding, InvalidRequestError
+from trtllm_gateway.routers.closed_schema import close_objects
 from trtllm_gateway.routers.schemas import (
     ChatCompletionRequest,
     ChatTool,
@@ -199,7 +201,14 @@ def build_constraint(body: SamplingFields) -> Constraint | None:
         raise BadRequestError(
             f"Only one output constraint per request (got {names}).", param=found[1].param
         )
-    return found[0] if found else None
+    if not found:
+        return None
+    constraint = found[0]
+    so = body.structured_outputs
+    if constraint.guided.kind != "json" or (so and so.disable_additional_properties is False):
+        return constraint
+    closed = json.dumps(close_objects(json.loads(constraint.guided.spec)))
+    return replace(constraint, guided=replace(constraint.guided, spec=closed))
 
 
 def start_after(constraint: Constraint, token_ids: tuple[int, ...]) -> Constraint:
