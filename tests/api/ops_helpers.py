@@ -53,3 +53,35 @@ async def wait_until(predicate: Callable[[], bool], limit_s: float = 5.0) -> Non
     async with asyncio.timeout(limit_s):
         while not predicate():  # noqa: ASYNC110 - polls a plain counter
             await asyncio.sleep(0.005)
+
+
+async def post_then_leave(app: FastAPI, path: str, body: bytes, after_s: float = 0.2) -> None:
+    """POST `body` straight through the ASGI app, then disconnect after `after_s` (before the
+    first byte when the engine is slower): httpx's ASGITransport cannot leave mid-request."""
+    messages: list[dict[str, Any]] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(after_s)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+        "client": ("127.0.0.1", 1234),
+        "server": ("test", 80),
+    }
+    async with asyncio.timeout(5):
+        await app(scope, receive, send)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -11,6 +10,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 
+from tests.api.ops_helpers import post_then_leave
 from tests.api.sse_helpers import chat_text, parse_sse
 from tests.conftest import MAX_MODEL_LEN, MODEL, REPLY
 from trtllm_gateway.engine.fake import FakeEngine
@@ -253,37 +253,7 @@ async def test_disconnect_before_first_byte_aborts(
     lifespan_app: FastAPI, client: httpx.AsyncClient, fake_engine: FakeEngine
 ) -> None:
     fake_engine.first_token_delay_s = 30
-    body = json.dumps(chat()).encode()
-    messages: list[dict[str, Any]] = [
-        {"type": "http.request", "body": body, "more_body": False},
-    ]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        if messages:
-            return messages.pop(0)
-        await asyncio.sleep(0.2)  # the client leaves while the engine is still queued
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.4"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": URL,
-        "raw_path": URL.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-        "client": ("127.0.0.1", 1234),
-        "server": ("test", 80),
-    }
-    async with asyncio.timeout(5):
-        await lifespan_app(scope, receive, send)
+    await post_then_leave(lifespan_app, URL, json.dumps(chat()).encode())
     assert fake_engine.aborted == [fake_engine.requests[0].request_id]
     assert fake_engine.finished == []
     metrics = (await client.get("/metrics")).text

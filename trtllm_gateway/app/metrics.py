@@ -140,7 +140,7 @@ class GatewayMetrics:
         self.queue = histogram("request_queue_time_seconds", "Time queued.", _LATENCY_BUCKETS)
         self.prefill = histogram("request_prefill_time_seconds", "Prefill time.", _LATENCY_BUCKETS)
         self.decode = histogram("request_decode_time_seconds", "Decode time.", _LATENCY_BUCKETS)
-        self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of the requests that ended.")
         self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
         self.success = counter(
             "request_success", "Finished requests by finish reason.", [*label, "finished_reason"]
@@ -216,21 +216,21 @@ class RequestRecorder:
             self._generation_tokens.inc(len(event.token_ids))
             if ctx is not None:
                 ctx.completion_tokens += len(event.token_ids)
-        if event.usage is not None:
-            self._m.prompt_tokens.labels(model).inc(event.usage.prompt_tokens)
-            if ctx is not None:
-                ctx.prompt_tokens += event.usage.prompt_tokens
         if event.timings is not None:
             self._m.queue.labels(model).observe(event.timings.queue_s)
             self._m.prefill.labels(model).observe(event.timings.prefill_s)
             self._m.decode.labels(model).observe(event.timings.decode_s)
 
-    def finish(self, reason: FinishReason | None) -> None:
-        """Count the outcome once; None means the request ended without a finish (aborted)."""
+    def finish(self, reason: FinishReason | None, prompt_tokens: int) -> None:
+        """Count the outcome and the prompt once, whoever ended the request: the engine, a stop
+        string, a client that left or an abort; None means it ended without a finish."""
         if self._done:
             return
         self._done = True
         model = self._m.model_name
+        self._m.prompt_tokens.labels(model).inc(prompt_tokens)
+        if self._ctx is not None:
+            self._ctx.prompt_tokens += prompt_tokens
         self._m.success.labels(model, reason or "abort").inc()
         if self._ctx is not None:
             self._ctx.finish_reasons.append(reason or "abort")

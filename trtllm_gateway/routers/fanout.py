@@ -38,7 +38,11 @@ async def choice_stream(
                 if renderer.finished and event.finish_reason is None:
                     break  # a stop string: closing the engine generator aborts the request
     finally:
-        recorder.finish(renderer.finish_reason)
+        # The engine's count when its final event came (it expands image placeholders), else
+        # the ids sent: a stop string, a disconnect or an abort ends the request before it.
+        usage = renderer.usage
+        prompt = usage.prompt_tokens if usage is not None else len(choice.request.prompt_token_ids)
+        recorder.finish(renderer.finish_reason, prompt)
 
 
 async def merge(streams: list[AsyncGenerator[ChoiceDelta, None]]) -> AsyncGenerator[Item, None]:
