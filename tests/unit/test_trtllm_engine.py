@@ -324,21 +324,14 @@ async def test_aggregated_instance_refuses_prefill(engine: TrtllmEngine) -> None
         await engine.prefill(_req())
 
 
-@pytest.mark.parametrize(
-    ("flags", "match"),
-    [
-        ({"mode": "encode"}, "--mode encode is built-in only"),
-        ({"encode_url": ["http://e"]}, "--encode-url"),
-    ],
-)
-def test_encode_mode_is_refused_at_start_up(
-    model_dir: Path, flags: dict[str, Any], match: str
-) -> None:
-    """EPD is built-in only (docs/trtllm.md): the flags fail before anything loads."""
-    from trtllm_gateway.engine.trtllm.loader import TrtllmUnsupportedError
+def test_encode_instance_asking_an_encode_sibling_is_refused(model_dir: Path) -> None:
+    """--encode-url is for prefill and aggregated instances (EPD: engine.trtllm.encode)."""
+    from trtllm_gateway.engine.trtllm.loader import TrtllmUnsupportedError, refuse_unsupported
 
-    with pytest.raises(TrtllmUnsupportedError, match=match):
-        TrtllmEngine(Settings(engine="trtllm", model=str(model_dir), **flags))
+    with pytest.raises(TrtllmUnsupportedError, match="--encode-url"):
+        refuse_unsupported(
+            Settings(engine="trtllm", model=str(model_dir), mode="encode", encode_url=["http://e"])
+        )
 
 
 async def test_autodeploy_backend_prunes_args(

@@ -44,6 +44,10 @@ def _create_local(settings: Settings) -> Engine:
         from trtllm_gateway.engine.builtin.engine import BuiltinEngine
 
         return BuiltinEngine(settings)
+    if settings.engine == "trtllm" and settings.mode == "encode":
+        from trtllm_gateway.engine.trtllm.encode import TrtllmEncodeEngine
+
+        return TrtllmEncodeEngine(settings)
     if settings.engine == "trtllm":
         from trtllm_gateway.engine.trtllm.engine import TrtllmEngine
 

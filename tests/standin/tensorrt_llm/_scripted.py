@@ -73,3 +73,20 @@ def opaque_state(prompt_token_ids: Sequence[int], ctx_request_id: int) -> bytes:
     """What a context-only request hands over; generation-only checks it against its prompt."""
     digest = hashlib.blake2b(repr(tuple(prompt_token_ids)).encode(), digest_size=16).hexdigest()
     return f"standin-ctx:{ctx_request_id}:{digest}".encode()
+
+
+def image_embedding(pixels: bytes, tokens: int, hidden: int) -> object:
+    """The vision tower's output for one image: [tokens, hidden] float32, from its pixels."""
+    import torch
+
+    gen = torch.Generator().manual_seed(_h("img", hashlib.blake2b(pixels).hexdigest()) >> 1)
+    return torch.randn(tokens, hidden, generator=gen)
+
+
+def embedding_token(embedding: object, vocab: int) -> int:
+    """The id an image's embedding stands in for in the scripted prompt hash."""
+    import torch
+
+    assert isinstance(embedding, torch.Tensor)
+    raw = embedding.detach().to(torch.float32).contiguous().numpy().tobytes()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=4).digest(), "little") % vocab

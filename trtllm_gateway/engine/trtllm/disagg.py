@@ -96,7 +96,7 @@ def to_context_only(llmapi: Any, disagg: DisaggParams | None) -> Any:
     """Context-only params for a prefill request (no encoder handles: EPD is built-in only)."""
     if disagg is not None and disagg.opaque_state:
         raise InvalidRequestError(
-            "this TensorRT-LLM prefill instance takes no encoder state (EPD is built-in only)"
+            "this TensorRT-LLM prefill instance takes no encoder state from its decode sibling"
         )
     return llmapi.DisaggregatedParams(request_type="context_only")
 

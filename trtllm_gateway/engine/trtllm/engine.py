@@ -39,6 +39,7 @@ from trtllm_gateway.engine.protocol import (
 )
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.engine.trtllm import disagg
+from trtllm_gateway.engine.trtllm.encode import RemoteEmbeddings
 from trtllm_gateway.engine.trtllm.errors import ErrorTranslator, TrtllmRequestError
 from trtllm_gateway.engine.trtllm.inflight import InFlight
 from trtllm_gateway.engine.trtllm.kv_events import start_kv_feed
@@ -52,7 +53,7 @@ from trtllm_gateway.engine.trtllm.loader import (
 )
 from trtllm_gateway.engine.trtllm.lora import LoraAdapters
 from trtllm_gateway.engine.trtllm.model_info import read_engine_info
-from trtllm_gateway.engine.trtllm.multimodal import text_prompt
+from trtllm_gateway.engine.trtllm.multimodal import image_inputs
 from trtllm_gateway.engine.trtllm.outputs import map_logprobs, step_event
 from trtllm_gateway.engine.trtllm.sampling import to_trtllm_sampling
 from trtllm_gateway.engine.trtllm.stats import StatsPoller
@@ -90,13 +91,16 @@ class TrtllmEngine:
         self._inflight = InFlight()
         self._stats: StatsPoller | None = None
         self._text_tokenizer: Tokenizer | None = None
+        self._remote_encode: RemoteEmbeddings | None = None  # --encode-url (EPD)
         # KvEventSource: TensorRT-LLM's KV events, converted by engine/trtllm/kv_events.py
         self.kv_event_log = KvEventLog(block_size=0, enabled=False)
         self._kv_feed: asyncio.Task[None] | None = None
 
     @property
     def extras(self) -> EngineExtras:
-        return EngineExtras(tokenizer_dir=self.tokenizer_dir)
+        remote = self._remote_encode
+        outcomes = remote.remote.stats.outcomes if remote is not None else None
+        return EngineExtras(tokenizer_dir=self.tokenizer_dir, remote_encode=outcomes)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -113,6 +117,8 @@ class TrtllmEngine:
             self._mark_dead(exc)
             raise EngineDeadError(f"TensorRT-LLM failed to start: {exc}") from exc
         self._fill_eos_from_tokenizer()
+        if self._settings.encode_url:
+            self._remote_encode = RemoteEmbeddings(self._settings, Path(self._model))
         kv_events = bool(self._args.get("kv_cache_config", {}).get("event_buffer_max_size"))
         self._stats = StatsPoller(self._llm, kv_events=kv_events)
         self._stats.start()
@@ -134,6 +140,8 @@ class TrtllmEngine:
         if self._stats is not None:
             await self._stats.stop()
         await self._inflight.wait_drained()
+        if self._remote_encode is not None:
+            await self._remote_encode.aclose()
         if self._llm is not None:
             await asyncio.to_thread(self._llm.shutdown)
             self._llm = None
@@ -173,7 +181,8 @@ class TrtllmEngine:
                 return
         sp = self._sampling(req)
         params = disagg.to_generation_only(self._llmapi, state) if state else None
-        result = self._submit(req, sp, streaming=True, params=params)
+        inputs = await self._inputs(req)
+        result = self._submit(req, sp, inputs, streaming=True, params=params)
         finished = False
         started = time.monotonic()
         first_token_at: float | None = None
@@ -218,7 +227,8 @@ class TrtllmEngine:
         check_request(req, self.info, self._args)
         sp = self._sampling(req, max_tokens=1)
         params = disagg.to_context_only(self._llmapi, req.disagg)
-        result = self._submit(req, sp, streaming=False, params=params)
+        inputs = await self._inputs(req)
+        result = self._submit(req, sp, inputs, streaming=False, params=params)
         out = await self._await_result(req.request_id, result)
         comp = out.outputs[0]
         ctx = comp.disaggregated_params or self._llmapi.DisaggregatedParams(
@@ -292,13 +302,13 @@ class TrtllmEngine:
         backend, kwargs = create_llm_kwargs(self._llmapi, self._args)
         return select_llm_class(backend)(**kwargs)
 
-    def _submit(self, req: GenerateRequest, sp: Any, *, streaming: bool, params: Any) -> Any:
+    def _submit(
+        self, req: GenerateRequest, sp: Any, inputs: dict[str, Any], *, streaming: bool, params: Any
+    ) -> Any:
         if req.request_id in self._inflight:
             raise InvalidRequestError(f"request_id {req.request_id!r} is already running")
         lora = self._loras.request(self._llmapi, req.lora_name)
-        inputs: dict[str, Any] = {"prompt_token_ids": list(req.prompt_token_ids)}
-        if req.images:
-            inputs = self._mm_inputs(req)
+        if "prompt" in inputs:
             sp.add_special_tokens = False  # the decoded prompt already has them
         # A bad parameter generate_async rejects is the request's fault, not the engine's.
         with self._errors.translated(invalid=(ValueError, TypeError)):
@@ -328,13 +338,14 @@ class TrtllmEngine:
         finally:
             self._release(request_id, result, done)
 
-    def _mm_inputs(self, req: GenerateRequest) -> dict[str, Any]:
-        """TextPrompt with the images (engine.trtllm.multimodal); the tokenizer loads once."""
+    async def _inputs(self, req: GenerateRequest) -> dict[str, Any]:
+        """Token ids, or for images a TextPrompt (engine.trtllm.multimodal) with the images or,
+        from an encode sibling (--encode-url), their embeddings."""
+        if not req.images:
+            return {"prompt_token_ids": list(req.prompt_token_ids)}
         if self._text_tokenizer is None:
             self._text_tokenizer = Tokenizer.from_dir(self.tokenizer_dir)
-        return text_prompt(
-            req.prompt_token_ids, [i.payload for i in req.images], self._text_tokenizer
-        )
+        return await image_inputs(req, self._text_tokenizer, self._remote_encode)
 
     def _release(self, request_id: str, result: Any, finished: bool) -> None:
         """Forget a request; one given up early is aborted and drained unless stop() already

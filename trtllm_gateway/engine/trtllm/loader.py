@@ -48,19 +48,11 @@ class TrtllmUnsupportedError(EngineError):
 
 
 def refuse_unsupported(settings: Settings) -> None:
-    """Refuse what --engine trtllm does not do, before anything loads.
-
-    Encode mode (EPD) is built-in only: TensorRT-LLM's MultimodalEncoder hands out CUDA IPC
-    embedding handles that only a prefill worker on the same node can open, and the adapter
-    does not carry them (docs/trtllm.md).
-    """
-    if settings.mode == "encode":
+    """Refuse what --engine trtllm does not do, before anything loads: an encode instance
+    does not ask another one (--encode-url is for prefill and aggregated instances)."""
+    if settings.mode == "encode" and settings.encode_url:
         raise TrtllmUnsupportedError(
-            "--mode encode is built-in only; run the encode instance with --engine builtin"
-        )
-    if settings.encode_url:
-        raise TrtllmUnsupportedError(
-            "--encode-url is built-in only; --engine trtllm encodes images itself"
+            "--encode-url is for prefill and aggregated instances, not --mode encode"
         )
 
 

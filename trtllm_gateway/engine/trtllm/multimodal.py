@@ -1,5 +1,8 @@
 """Multimodal prompts for TensorRT-LLM in the documented TextPrompt form (reference §2.2, §7).
 
+With an encode sibling (--encode-url, engine.trtllm.encode) the images are replaced by their
+embeddings (`multi_modal_embeddings`), and a failed sibling means the images go as they are.
+
 TensorRT-LLM's input processor for a VLM takes the chat-templated text with one placeholder per
 image plus the images, and expands the placeholders itself with the model's HF processor. Given
 token ids plus images it would decode them back to text anyway, so the adapter sends the text:
@@ -9,7 +12,12 @@ through verbatim) and `add_special_tokens=False` on the request's SamplingParams
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trtllm_gateway.engine.protocol import GenerateRequest
+
+if TYPE_CHECKING:
+    from trtllm_gateway.engine.trtllm.encode import RemoteEmbeddings
 
 
 class _Decoder(Protocol):
@@ -24,3 +32,18 @@ def text_prompt(
         "prompt": tokenizer.decode(list(prompt_token_ids), skip_special_tokens=False),
         "multi_modal_data": {"image": images},
     }
+
+
+async def image_inputs(
+    req: GenerateRequest, tokenizer: _Decoder, remote: RemoteEmbeddings | None
+) -> dict[str, Any]:
+    """The TextPrompt for a request with images: their embeddings from an encode sibling
+    when there is one and it answers, else the images themselves."""
+    inputs = text_prompt(req.prompt_token_ids, [i.payload for i in req.images], tokenizer)
+    if remote is None:
+        return inputs
+    tensors = await remote.embed(req.images)
+    if tensors is None:  # counted as local_fallback by the RemoteEncoder
+        return inputs
+    prompt = {k: v for k, v in inputs.items() if k != "multi_modal_data"}
+    return {**prompt, "multi_modal_embeddings": {"image": tensors}}

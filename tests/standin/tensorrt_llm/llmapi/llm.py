@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -10,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tensorrt_llm import _scripted
 from tensorrt_llm._guided import GuidedDecoder
 from tensorrt_llm._kv_cache import BlockPool
 from tensorrt_llm.disaggregated_params import DisaggregatedParams
@@ -77,6 +77,7 @@ class LLM:
         self.llm_id = f"standin-{os.getpid()}"
         config = _read_config(Path(model))
         self._vocab_size = int(config.get("vocab_size") or 32000)
+        self._hidden = int(config.get("hidden_size") or 64)
         # tokenizer.eos_token_id fills a missing end_id (one id); the model itself ends a turn
         # with the last id of generation_config.json's eos list (Llama-3.x: <|eot_id|> 128009),
         # which TensorRT-LLM only stops on if it is end_id or in stop_token_ids.
@@ -127,7 +128,7 @@ class LLM:
     ) -> RequestOutput:
         if self._shutdown:
             raise RuntimeError("LLM is shutting down")
-        prompt_token_ids = _prompt_token_ids(inputs, self._vocab_size)
+        prompt_token_ids = _prompt_token_ids(inputs, self._vocab_size, self._hidden)
         sp = sampling_params if sampling_params is not None else SamplingParams()
         if sp.end_id is None:
             if self._eos is None:
@@ -277,11 +278,13 @@ class LLM:
         self._active.pop(res.request_id, None)
 
 
-def _prompt_token_ids(inputs: Any, vocab: int) -> list[int]:
+def _prompt_token_ids(inputs: Any, vocab: int, hidden: int) -> list[int]:
     if isinstance(inputs, str):
         raise ValueError("the stand-in has no tokenizer: pass prompt_token_ids")
     if isinstance(inputs, dict) and "prompt" in inputs and inputs.get("multi_modal_data"):
-        return _multimodal_ids(inputs["prompt"], inputs["multi_modal_data"], vocab)
+        return _multimodal_ids(inputs["prompt"], inputs["multi_modal_data"], vocab, hidden)
+    if isinstance(inputs, dict) and "prompt" in inputs and "multi_modal_embeddings" in inputs:
+        return _embedding_ids(inputs["prompt"], inputs["multi_modal_embeddings"], vocab, hidden)
     if isinstance(inputs, list):
         return [int(t) for t in inputs]
     if isinstance(inputs, dict) and "prompt_token_ids" in inputs:
@@ -289,16 +292,42 @@ def _prompt_token_ids(inputs: Any, vocab: int) -> list[int]:
     raise TypeError(f"unsupported prompt inputs: {type(inputs).__name__}")
 
 
-def _multimodal_ids(prompt: Any, data: Any, vocab: int) -> list[int]:
+def image_pixels(image: Any) -> bytes:
+    return image.tobytes() if hasattr(image, "tobytes") else repr(image).encode()
+
+
+def _multimodal_ids(prompt: Any, data: Any, vocab: int, hidden: int) -> list[int]:
     """A TextPrompt with images (§2.2): no tokenizer here, so the text's UTF-8 bytes stand in
-    for its tokens and each image adds one id from a hash of its pixels (different images,
-    different outputs)."""
+    for its tokens and each image adds one id from its embedding (the vision tower's output
+    for its pixels), so an image and its precomputed embedding give the same tokens."""
     if not isinstance(prompt, str) or not isinstance(data, dict) or set(data) != {"image"}:
         raise TypeError("multimodal inputs need a str prompt and multi_modal_data={'image': [...]}")
     ids = [b % vocab for b in prompt.encode()]
     for image in data["image"]:
-        raw = image.tobytes() if hasattr(image, "tobytes") else repr(image).encode()
-        ids.append(int.from_bytes(hashlib.blake2b(raw, digest_size=4).digest(), "little") % vocab)
+        embedding = _scripted.image_embedding(image_pixels(image), 4, hidden)
+        ids.append(_scripted.embedding_token(embedding, vocab))
+    return ids
+
+
+def _embedding_ids(prompt: Any, data: Any, vocab: int, hidden: int) -> list[int]:
+    """Precomputed embeddings (`multi_modal_embeddings`; LlavaNextInputProcessor.
+    attach_multimodal_embeddings, 1.2): a text prompt is required, image modality only, and
+    each embedding's hidden size must be the text model's."""
+    import torch
+
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError("Text prompt is required but not provided")
+    if not isinstance(data, dict):
+        raise ValueError("multimodal_embedding must be a dictionary")
+    if "image" not in data:
+        raise ValueError("Only image modality is supported for external multimodal embedding")
+    tensors = data["image"] if isinstance(data["image"], list) else [data["image"]]
+    ids = [b % vocab for b in prompt.encode()]
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or tensor.shape[1] != hidden:
+            shape = list(getattr(tensor, "shape", []))
+            raise ValueError(f"embedding of shape {shape} does not match hidden size {hidden}")
+        ids.append(_scripted.embedding_token(tensor, vocab))
     return ids
 
 

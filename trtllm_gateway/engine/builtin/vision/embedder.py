@@ -9,7 +9,6 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -17,14 +16,16 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage, expand_prompt
-from trtllm_gateway.engine.embed_wire import Frame, decode_frames, encode_frame
-from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
+from trtllm_gateway.engine.embed_tensors import (
+    embeds_frame,
+    frame_tensor,
+    pixel_frames,
+    request_images,
+)
+from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput
 from trtllm_gateway.engine.remote_encode import RemoteEncoder
 
 logger = logging.getLogger(__name__)
-
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
 
 
 def create_embedder(encoder: VisionEncoder, settings: Settings) -> ImageEmbedder:
@@ -87,57 +88,18 @@ class ImageEmbedder:
 
     async def _remote(self, images: Sequence[ImageInput]) -> list[torch.Tensor] | None:
         assert self.remote is not None
-        frames = await asyncio.to_thread(_pixel_frames, images)
+        frames = await asyncio.to_thread(pixel_frames, images)
         got = await self.remote.encode(frames, [img.hash for img in images], self.layout)
         if got is None:
             return None
         dev, dtype = self.encoder.device, self.encoder.dtype
-        return [_tensor(f).to(dev, dtype) for f in got]
+        return [frame_tensor(f).to(dev, dtype) for f in got]
 
     # --- encode mode: the sibling side ----------------------------------------------------
     async def encode_frames(self, body: bytes) -> list[bytes]:
         """An encode request's pixel frames -> one embeds frame per image (same order)."""
-        try:
-            images = [_image(f) for f in decode_frames(body, "pixels")]
-        except ValueError as e:  # EmbedWireError, or pixels that do not make an image
-            raise InvalidRequestError(f"bad encode request: {e}") from None
-        if not images:
-            raise InvalidRequestError("an encode request needs at least one image")
+        images = request_images(body)
         embeds = await self.embed(images)
         return [
-            _embeds_frame(img.hash, e, self.layout) for img, e in zip(images, embeds, strict=True)
+            embeds_frame(img.hash, e, self.layout) for img, e in zip(images, embeds, strict=True)
         ]
-
-
-def _pixel_frames(images: Sequence[ImageInput]) -> list[bytes]:
-    out = []
-    for img in images:
-        pil: Any = img.payload
-        w, h = pil.size
-        out.append(encode_frame("pixels", img.hash, "uint8", (h, w, 3), pil.tobytes()))
-    return out
-
-
-def _image(frame: Frame) -> ImageInput:
-    from PIL import Image
-
-    h, w, c = frame.header.shape
-    if c != 3:
-        raise ValueError("pixels must be RGB")
-    pil = Image.frombytes("RGB", (w, h), bytes(frame.data))
-    return ImageInput(hash=frame.header.image_hash, payload=pil)
-
-
-def _embeds_frame(image_hash: str, embeds: torch.Tensor, layout: str) -> bytes:
-    cpu = embeds.detach().contiguous().cpu()
-    raw = cpu.view(torch.uint8).numpy().tobytes()
-    return encode_frame(
-        "embeds", image_hash, _DTYPE_NAMES[cpu.dtype], tuple(cpu.shape), raw, layout
-    )
-
-
-def _tensor(frame: Frame) -> torch.Tensor:
-    dtype = _DTYPES.get(frame.header.dtype)
-    if dtype is None:
-        raise InvalidRequestError(f"embeddings of dtype {frame.header.dtype} are not supported")
-    return torch.frombuffer(bytearray(frame.data), dtype=dtype).view(frame.header.shape)

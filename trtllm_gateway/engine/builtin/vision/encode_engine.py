@@ -7,7 +7,6 @@ It serves no generation; sibling prefill/aggregated instances POST images to
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,23 +16,15 @@ from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
 from trtllm_gateway.engine.builtin.vision.encoder import load_encoder
 from trtllm_gateway.engine.builtin.vision.spec import is_vision_checkpoint, language_config
+from trtllm_gateway.engine.encode_only import EncodeOnly
 from trtllm_gateway.engine.model_source import model_display_name, resolve_model
 from trtllm_gateway.engine.protocol import (
-    EngineDeadError,
-    EngineExtras,
-    EngineHealth,
     EngineInfo,
     EngineState,
-    GenerateRequest,
-    InvalidRequestError,
-    PrefillResult,
-    TokenEvent,
 )
 
-ENCODE_ONLY = "an encode instance only runs the vision encoder; send requests to its siblings"
 
-
-class EncodeEngine:
+class EncodeEngine(EncodeOnly):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         name = settings.served_model_name or model_display_name(settings.model)
@@ -71,27 +62,10 @@ class EncodeEngine:
         encoder = load_encoder(model_dir, pick_dtype(s.dtype, device), device)
         return ImageEmbedder(encoder, EmbeddingCache(s.vision_embed_cache_bytes))
 
-    @property
-    def extras(self) -> EngineExtras:
-        return EngineExtras(tokenizer_dir=self.tokenizer_dir)
-
     async def stop(self) -> None:
         self._state = "dead" if self._detail else "draining"
 
-    def health(self) -> EngineHealth:
-        return EngineHealth(state=self._state, detail=self._detail)
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        raise InvalidRequestError(ENCODE_ONLY)
-        yield  # an async generator, as the protocol says  # pragma: no cover
-
-    async def prefill(self, req: GenerateRequest) -> PrefillResult:
-        raise InvalidRequestError(ENCODE_ONLY)
-
-    def abort(self, request_id: str) -> None:
-        """Nothing to abort: encode requests run inside their HTTP request."""
-
     async def encode_images(self, body: bytes) -> list[bytes]:
-        if self._state != "ready" or self._embedder is None:
-            raise EngineDeadError(self._detail or f"the vision encoder is {self._state}")
+        self._require_ready()
+        assert self._embedder is not None  # ready
         return await self._embedder.encode_frames(body)

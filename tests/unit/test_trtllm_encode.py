@@ -1,0 +1,129 @@
+"""Encode mode (EPD) on TensorRT-LLM over the stand-in: MultimodalEncoder behind the sibling
+encode endpoint, and a TrtllmEngine that sends its images there (issue 21 item 8).
+
+Real (1.2 period): MultimodalEncoder.generate_async(TextPrompt) gives an `mm_embedding_handle`
+that `SharedTensorContainer.from_dict(handle).get_local_view()` opens on the same node only
+(llmapi/mm_encoder.py, _torch/shared_tensor); precomputed embeddings enter generate_async as
+`{"prompt": text, "multi_modal_embeddings": {"image": [tensor]}}` (llmapi/llm.py ->
+attach_multimodal_embeddings, which wants the text model's hidden size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from asgi_lifespan import LifespanManager
+
+from tests.conftest import wait_ready
+from tests.engine.tiny_llava import IMAGE_TOKEN, build_tiny_llava, sample_images
+from tests.standin import ensure_on_path
+from tests.unit.test_trtllm_vision import _prompt
+from trtllm_gateway.app.main import create_app
+from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.embed_tensors import frame_tensor, pixel_frames
+from trtllm_gateway.engine.embed_wire import decode_frames
+from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, SamplingParams
+
+ensure_on_path()
+
+from tensorrt_llm import _scripted  # noqa: E402
+
+from trtllm_gateway.engine.trtllm.encode import TrtllmEncodeEngine  # noqa: E402
+from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
+
+LAYOUT = "trtllm:llava:hidden=64"
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llava(tmp_path_factory.mktemp("llava"), "llava")
+
+
+@pytest.fixture
+async def encode_app(llava_dir: Path) -> AsyncIterator[httpx.ASGITransport]:
+    settings = Settings(engine="trtllm", model=str(llava_dir), mode="encode")
+    app = create_app(settings, engine=TrtllmEncodeEngine(settings))
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://e") as client:
+            await wait_ready(client)
+        yield transport
+
+
+def _image(i: int) -> ImageInput:
+    return ImageInput(f"img-{i}", sample_images()[i])
+
+
+async def test_encode_instance_answers_with_the_encoders_embeddings(llava_dir: Path) -> None:
+    engine = TrtllmEncodeEngine(Settings(engine="trtllm", model=str(llava_dir), mode="encode"))
+    await engine.start()
+    try:
+        images = [_image(0), _image(1)]
+        frames = list(
+            decode_frames(
+                b"".join(await engine.encode_images(b"".join(pixel_frames(images)))), "embeds"
+            )
+        )
+        assert [f.header.image_hash for f in frames] == ["img-0", "img-1"]
+        assert {f.header.layout for f in frames} == {LAYOUT}
+        for img, frame in zip(images, frames, strict=True):
+            want = _scripted.image_embedding(img.payload.convert("RGB").tobytes(), 4, 64)
+            assert torch.equal(frame_tensor(frame), want)  # type: ignore[arg-type]
+        sent = engine._encoder  # the MultimodalEncoder: mm_encoder_only, a TextPrompt each
+        assert sent.args.mm_encoder_only is True
+    finally:
+        await engine.stop()
+
+
+async def _run(
+    engine: TrtllmEngine, request_id: str, prompt: tuple[int, ...], image: ImageInput
+) -> list[int]:
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    req = GenerateRequest(request_id, prompt, sp, (image,))
+    return [t async for ev in engine.generate(req) for t in ev.token_ids]
+
+
+async def test_aggregated_instance_feeds_the_siblings_embeddings(
+    llava_dir: Path, encode_app: httpx.ASGITransport
+) -> None:
+    """The images go to the encode sibling; its embeddings reach generate_async as
+    multi_modal_embeddings, and the answer equals encoding locally."""
+    local = TrtllmEngine(Settings(engine="trtllm", model=str(llava_dir)))
+    remote = TrtllmEngine(Settings(engine="trtllm", model=str(llava_dir), encode_url=["http://e"]))
+    await local.start()
+    await remote.start()
+    assert remote._remote_encode is not None
+    remote._remote_encode.remote._client = httpx.AsyncClient(transport=encode_app)
+    try:
+        prompt = _prompt(llava_dir)
+        want = await _run(local, "a", prompt, _image(1))
+        got = await _run(remote, "b", prompt, _image(1))
+        inputs = remote._llm.recorded_requests[-1]["inputs"]
+        assert set(inputs) == {"prompt", "multi_modal_embeddings"}
+        assert IMAGE_TOKEN in inputs["prompt"]
+        (tensor,) = inputs["multi_modal_embeddings"]["image"]
+        pixels = sample_images()[1].convert("RGB").tobytes()
+        assert torch.equal(tensor, _scripted.image_embedding(pixels, 4, 64))  # type: ignore[arg-type]
+        assert got == want
+        assert remote.extras.remote_encode == {"remote": 1}
+    finally:
+        await local.stop()
+        await remote.stop()
+
+
+async def test_a_failed_encode_sibling_means_encoding_here(llava_dir: Path) -> None:
+    engine = TrtllmEngine(Settings(engine="trtllm", model=str(llava_dir), encode_url=["http://e"]))
+    await engine.start()
+    assert engine._remote_encode is not None
+    down = httpx.MockTransport(lambda _: httpx.Response(503, text="draining"))
+    engine._remote_encode.remote._client = httpx.AsyncClient(transport=down)
+    try:
+        await _run(engine, "a", _prompt(llava_dir), _image(0))
+        assert set(engine._llm.recorded_requests[-1]["inputs"]) == {"prompt", "multi_modal_data"}
+        assert engine.extras.remote_encode == {"local_fallback": 1}
+    finally:
+        await engine.stop()
