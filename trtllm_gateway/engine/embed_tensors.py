@@ -66,3 +66,13 @@ def request_images(body: bytes) -> list[ImageInput]:
     if not images:
         raise InvalidRequestError("an encode request needs at least one image")
     return images
+
+
+def check_layout(frame: Frame, layout: str) -> None:
+    """A precomputed embedding is usable only by an encoder of its layout (a 400 otherwise)."""
+    if frame.header.layout != layout:
+        raise InvalidRequestError(
+            f"image_embeds of layout {frame.header.layout!r} do not fit this model's vision "
+            f"layout {layout!r}",
+            param="messages",
+        )

@@ -67,9 +67,11 @@ def encode_frame(
 
 
 def decode_frames(
-    body: bytes, kind: FrameKind, expected_layout: str | None = None
+    body: bytes, kind: FrameKind | tuple[FrameKind, ...], expected_layout: str | None = None
 ) -> Iterator[Frame]:
-    """Every frame of a body, checked (magic, version, kind, size, checksum, layout)."""
+    """Every frame of a body, checked (magic, version, kind, size, checksum, layout); `kind`
+    may name several (a request's images mixed with precomputed embeddings)."""
+    kinds = (kind,) if isinstance(kind, str) else kind
     view = memoryview(body)
     pos = 0
     while pos < len(view):
@@ -84,8 +86,8 @@ def decode_frames(
             raise EmbedWireError(f"bad frame header: {e}") from e
         if header.version != VERSION:
             raise EmbedWireError(f"embedding wire version {header.version}, expected {VERSION}")
-        if header.kind != kind:
-            raise EmbedWireError(f"expected {kind} frames, got {header.kind}")
+        if header.kind not in kinds:
+            raise EmbedWireError(f"expected {'/'.join(kinds)} frames, got {header.kind}")
         if expected_layout is not None and header.layout != expected_layout:
             raise EmbedWireError(
                 f"sibling vision layout {header.layout!r} does not match ours {expected_layout!r}"

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from PIL import Image
@@ -19,6 +19,7 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.protocol import ImageInput
 from trtllm_gateway.multimodal.cache import MediaCache
 from trtllm_gateway.multimodal.dataurl import decode_data_url, is_data_url
+from trtllm_gateway.multimodal.embeds import decode_embeds
 from trtllm_gateway.multimodal.errors import (
     MediaError,
     MediaRejectedError,
@@ -40,15 +41,16 @@ IMAGE_NAMESPACE = "image/rgb"
 
 @dataclass(frozen=True, slots=True)
 class ImageRef:
-    """One image_url part and where it sits in the request."""
+    """One image_url (or image_embeds: a precomputed embedding) part and where it sits."""
 
     message_index: int
     part_index: int
     url: object
+    kind: Literal["image_url", "image_embeds"] = "image_url"
 
     @property
     def param(self) -> str:
-        return f"messages[{self.message_index}].content[{self.part_index}].image_url"
+        return f"messages[{self.message_index}].content[{self.part_index}].{self.kind}"
 
 
 def iter_image_refs(messages: Sequence[Mapping[str, Any]]) -> Iterator[ImageRef]:
@@ -61,10 +63,11 @@ def iter_image_refs(messages: Sequence[Mapping[str, Any]]) -> Iterator[ImageRef]
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            if isinstance(part, Mapping) and part.get("type") == "image_url":
-                image_url = part.get("image_url")
-                url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
-                yield ImageRef(i, j, url)
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind in ("image_url", "image_embeds"):
+                source = part.get(kind)
+                url = source.get("url") if isinstance(source, Mapping) else source
+                yield ImageRef(i, j, url, kind)
 
 
 def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
@@ -142,11 +145,14 @@ class _Loader:
         nbytes = 0
         try:
             if not isinstance(ref.url, str) or not ref.url:
-                raise MediaRejectedError("image_url.url must be a non-empty string")
+                raise MediaRejectedError(f"{ref.kind}.url must be a non-empty string")
             source = _source_of(ref.url)
             data = await self._read(ref.url, source)
             nbytes = len(data)
-            image = await self._decode(data)
+            if ref.kind == "image_embeds":
+                image = await asyncio.to_thread(decode_embeds, data)
+            else:
+                image = await self._decode(data)
             outcome = "ok"
             return image
         except MediaError as exc:

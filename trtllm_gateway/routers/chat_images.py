@@ -19,6 +19,7 @@ from trtllm_gateway.multimodal import count_images, load_chat_images
 from trtllm_gateway.routers.schemas import ChatMessage, ToolCall
 
 NO_IMAGES = "This model does not accept images."
+IMAGE_PARTS = ("image_url", "image_embeds")  # an image, or its precomputed embedding
 
 
 async def load_images(
@@ -57,7 +58,7 @@ def _template_message(
         if isinstance(content, list):
             content = [
                 {"type": "image"}
-                if p.type == "image_url"
+                if p.type in IMAGE_PARTS
                 else {"type": "text", "text": p.text or ""}
                 for p in content
             ]
@@ -66,7 +67,7 @@ def _template_message(
     elif isinstance(content, list):
         texts = []
         for part in content:
-            if part.type != "image_url":
+            if part.type not in IMAGE_PARTS:
                 texts.append(part.text or "")
             elif image_token is None:
                 raise BadRequestError(

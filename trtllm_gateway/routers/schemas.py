@@ -29,9 +29,11 @@ class ImageURL(BaseModel):
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["text", "image_url", "input_text"]
+    type: Literal["text", "image_url", "input_text", "image_embeds"]
     text: str | None = None
     image_url: ImageURL | None = None
+    # A precomputed embedding file (docs/multimodal.md): a URL, or {"url": ...}.
+    image_embeds: str | ImageURL | None = None
 
 
 class FunctionCall(BaseModel):

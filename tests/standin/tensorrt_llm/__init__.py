@@ -40,9 +40,13 @@ below are under tensorrt_llm/ there, except those starting with cpp/):
   next request; empty before the first request (KV events assert instead); stats need
   `enable_iter_perf_stats`, KV events need `kv_cache_config.event_buffer_max_size > 0`; field names
   as `_torch/pyexecutor/py_executor.py` and the executor's JSON serialization write them.
-- `llmapi/mm_encoder.py` `MultimodalEncoder(model, ...)`: `generate_async(inputs)` returns a result
-  whose `mm_embedding_handle` has `tensor_size` and whose disaggregated params carry
-  `multimodal_embedding_handles` and 8-int `multimodal_hashes`.
+- `llmapi/mm_encoder.py` `MultimodalEncoder(model, ...)`: `generate_async(TextPrompt)` returns a
+  result whose `mm_embedding_handle` has `tensor_size` and whose disaggregated params carry
+  `multimodal_embedding_handles` and 8-int `multimodal_hashes`; `_torch/shared_tensor`'s
+  `SharedTensorContainer` opens a handle in the same process only (CUDA IPC: same node).
+- precomputed embeddings: `{"prompt": str, "multi_modal_embeddings": {"image": [tensor]}}`
+  (image only, a text prompt, the text hidden size); an image and its embedding give the same
+  tokens.
 
 Less kind than a naive fake, as the real library is (tests/unit/test_trtllm_fidelity.py):
 - the model ends its turn with the last EOS id of generation_config.json (Llama-3: <|eot_id|>),

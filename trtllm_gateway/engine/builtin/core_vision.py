@@ -17,16 +17,22 @@ from concurrent.futures import Future
 
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage
-from trtllm_gateway.engine.embed_wire import decode_frames, encode_frame
+from trtllm_gateway.engine.embed_wire import Frame, decode_frames, encode_frame
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
 
 Prepared = tuple[GenerateRequest, tuple[PlacedImage, ...]]
 
 
 def pixel_frames(images: tuple[ImageInput, ...]) -> bytes:
-    """The gateway side: decoded RGB images as one body of "pixels" frames."""
+    """The gateway side: decoded RGB images as one body of "pixels" frames (a precomputed
+    embedding, an image_embeds part, goes as its own "embeds" frame)."""
     out = []
     for img in images:
+        if isinstance(img.payload, Frame):
+            h = img.payload.header
+            data = img.payload.data
+            out.append(encode_frame("embeds", img.hash, h.dtype, h.shape, data, h.layout))
+            continue
         pil = img.payload
         w, h = pil.size  # type: ignore[attr-defined]
         raw = pil.tobytes()  # type: ignore[attr-defined]
@@ -40,7 +46,10 @@ def images_from_frames(body: bytes, hashes: tuple[str, ...]) -> tuple[ImageInput
 
     images = []
     try:
-        for frame in decode_frames(body, "pixels"):
+        for frame in decode_frames(body, ("pixels", "embeds")):
+            if frame.header.kind == "embeds":
+                images.append(ImageInput(hash=frame.header.image_hash, payload=frame))
+                continue
             h, w, _ = frame.header.shape
             pil = Image.frombytes("RGB", (w, h), bytes(frame.data))
             images.append(ImageInput(hash=frame.header.image_hash, payload=pil))

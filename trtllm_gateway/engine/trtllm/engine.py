@@ -39,7 +39,7 @@ from trtllm_gateway.engine.protocol import (
 )
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.engine.trtllm import disagg
-from trtllm_gateway.engine.trtllm.encode import RemoteEmbeddings
+from trtllm_gateway.engine.trtllm.encode import RemoteEmbeddings, embeds_layout
 from trtllm_gateway.engine.trtllm.errors import ErrorTranslator, TrtllmRequestError
 from trtllm_gateway.engine.trtllm.inflight import InFlight
 from trtllm_gateway.engine.trtllm.kv_events import start_kv_feed
@@ -92,6 +92,7 @@ class TrtllmEngine:
         self._stats: StatsPoller | None = None
         self._text_tokenizer: Tokenizer | None = None
         self._remote_encode: RemoteEmbeddings | None = None  # --encode-url (EPD)
+        self._layout = ""  # embed_wire layout of this model's embeddings (image_embeds, EPD)
         # KvEventSource: TensorRT-LLM's KV events, converted by engine/trtllm/kv_events.py
         self.kv_event_log = KvEventLog(block_size=0, enabled=False)
         self._kv_feed: asyncio.Task[None] | None = None
@@ -345,7 +346,9 @@ class TrtllmEngine:
             return {"prompt_token_ids": list(req.prompt_token_ids)}
         if self._text_tokenizer is None:
             self._text_tokenizer = Tokenizer.from_dir(self.tokenizer_dir)
-        return await image_inputs(req, self._text_tokenizer, self._remote_encode)
+        if not self._layout:
+            self._layout = embeds_layout(Path(self._model))
+        return await image_inputs(req, self._text_tokenizer, self._remote_encode, self._layout)
 
     def _release(self, request_id: str, result: Any, finished: bool) -> None:
         """Forget a request; one given up early is aborted and drained unless stop() already

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trtllm_gateway.engine.protocol import GenerateRequest
+from trtllm_gateway.engine.embed_tensors import check_layout, frame_tensor
+from trtllm_gateway.engine.embed_wire import Frame
+from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError
 
 if TYPE_CHECKING:
     from trtllm_gateway.engine.trtllm.encode import RemoteEmbeddings
@@ -35,15 +37,31 @@ def text_prompt(
 
 
 async def image_inputs(
-    req: GenerateRequest, tokenizer: _Decoder, remote: RemoteEmbeddings | None
+    req: GenerateRequest, tokenizer: _Decoder, remote: RemoteEmbeddings | None, layout: str
 ) -> dict[str, Any]:
-    """The TextPrompt for a request with images: their embeddings from an encode sibling
-    when there is one and it answers, else the images themselves."""
+    """The TextPrompt for a request with images: precomputed embeddings the client sent
+    (image_embeds parts, of this model's `layout`), else their embeddings from an encode
+    sibling when there is one and it answers, else the images themselves."""
     inputs = text_prompt(req.prompt_token_ids, [i.payload for i in req.images], tokenizer)
+    given = [i.payload for i in req.images if isinstance(i.payload, Frame)]
+    if given:
+        if len(given) != len(req.images):
+            # 1.2's generate_async takes multi_modal_data or multi_modal_embeddings, not both.
+            raise InvalidRequestError(
+                "TensorRT-LLM takes images or image_embeds in one request, not both",
+                param="messages",
+            )
+        for frame in given:
+            check_layout(frame, layout)
+        return _embedded(inputs, [frame_tensor(f) for f in given])
     if remote is None:
         return inputs
     tensors = await remote.embed(req.images)
     if tensors is None:  # counted as local_fallback by the RemoteEncoder
         return inputs
+    return _embedded(inputs, tensors)
+
+
+def _embedded(inputs: dict[str, Any], tensors: list[Any]) -> dict[str, Any]:
     prompt = {k: v for k, v in inputs.items() if k != "multi_modal_data"}
     return {**prompt, "multi_modal_embeddings": {"image": tensors}}

@@ -17,11 +17,13 @@ from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage, expand_prompt
 from trtllm_gateway.engine.embed_tensors import (
+    check_layout,
     embeds_frame,
     frame_tensor,
     pixel_frames,
     request_images,
 )
+from trtllm_gateway.engine.embed_wire import Frame
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput
 from trtllm_gateway.engine.remote_encode import RemoteEncoder
 
@@ -65,7 +67,10 @@ class ImageEmbedder:
         return replace(req, prompt_token_ids=tuple(ids), sampling=sp), placed
 
     async def embed(self, images: Sequence[ImageInput]) -> list[torch.Tensor]:
-        out: list[torch.Tensor | None] = [self.cache.get(img.hash) for img in images]
+        out: list[torch.Tensor | None] = [
+            self._given(img) if isinstance(img.payload, Frame) else self.cache.get(img.hash)
+            for img in images
+        ]
         todo = [img for img, e in zip(images, out, strict=True) if e is None]
         if todo:
             fresh = await self._remote(todo) if self.remote is not None else None
@@ -81,6 +86,13 @@ class ImageEmbedder:
     async def aclose(self) -> None:
         if self.remote is not None:
             await self.remote.aclose()
+
+    def _given(self, img: ImageInput) -> torch.Tensor:
+        """A precomputed embedding (an image_embeds part): it must be this encoder's layout."""
+        frame = img.payload
+        assert isinstance(frame, Frame)
+        check_layout(frame, self.layout)
+        return frame_tensor(frame).to(self.encoder.device, self.encoder.dtype)
 
     def encode_local(self, images: Sequence[ImageInput]) -> list[torch.Tensor]:
         with self._lock:
