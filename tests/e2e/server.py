@@ -15,6 +15,13 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+# The first server that did not become ready in time: later starts fail at once with its story
+# instead of each waiting out its own timeout on a machine that cannot start servers.
+_STALLED: str | None = None
+
+
+class ServerStartError(RuntimeError):
+    """A gateway process exited or did not become ready; the message ends with its log tail."""
 
 
 def free_port() -> int:
@@ -36,6 +43,8 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, log_dir: Path, ready_timeout: float = 180.0, wait: bool = True) -> Server:
+        if _STALLED is not None:
+            raise ServerStartError(f"not started: an earlier e2e server stalled.\n{_STALLED}")
         self.log_path = log_dir / f"server-{self.port}.log"
         cmd = [
             sys.executable,
@@ -54,18 +63,29 @@ class Server:
         return self
 
     def wait_ready(self, timeout: float = 180.0) -> None:
+        global _STALLED
         deadline = time.monotonic() + timeout
+        health = "no answer"
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()}")
+                raise ServerStartError(f"server exited {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                r = httpx.get(f"{self.url}/health", timeout=2)
+                if r.status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
+                health = r.text[:300]
+            except httpx.HTTPError as e:
+                health = repr(e)
             time.sleep(0.2)
-        raise TimeoutError(f"server not ready in {timeout}s:\n{self.log()}")
+        self.kill()
+        _STALLED = f"server not ready in {timeout}s (/health: {health}); its log:\n{self.log()}"
+        raise ServerStartError(_STALLED)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:] if self.log_path else ""

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -45,7 +46,8 @@ class ScriptedCore:
         self.blobs: dict[str, bytes | None] = {}
         self.breaks = False
 
-    def load(self) -> m.Ready:
+    def load(self, progress: Callable[[str], None]) -> m.Ready:
+        progress("scripted loading")
         return m.Ready(EngineInfo("scripted", 64, 1000, (2,)), "/nowhere", self._health())
 
     wake_fd = None
@@ -135,6 +137,38 @@ async def client() -> AsyncIterator[CoreClient]:
 
 def req(rid: str, prompt: tuple[int, ...] = (1, 2, 3), max_tokens: int = 4) -> GenerateRequest:
     return GenerateRequest(rid, prompt, SamplingParams(max_tokens=max_tokens))
+
+
+class SlowLoadingCore(ScriptedCore):
+    """Reports two stages of a load and holds in the second until released."""
+
+    release = threading.Event()
+
+    def load(self, progress: Callable[[str], None]) -> m.Ready:
+        progress("loading the model")
+        progress("building CPU kernels")
+        self.release.wait(10)
+        return super().load(progress)
+
+
+async def test_health_says_what_a_loading_core_is_doing() -> None:
+    """The core's Loading messages reach health's detail before Ready (#23: a slow first
+    start says it is building CPU kernels), and Ready clears it."""
+    c = CoreClient(ThreadLauncher(Settings(), SlowLoadingCore), "scripted", 16)
+    starting = asyncio.create_task(c.start())
+    try:
+        for _ in range(200):
+            if c.health().detail == "building CPU kernels":
+                break
+            await asyncio.sleep(0.01)
+        assert c.health().state == "loading"
+        assert c.health().detail == "building CPU kernels"
+        SlowLoadingCore.release.set()
+        await asyncio.wait_for(starting, 10)
+        assert c.health().state == "ready" and c.health().detail == ""
+    finally:
+        SlowLoadingCore.release.set()
+        await c.stop()
 
 
 async def test_streams_fan_out_to_their_requests(client: CoreClient) -> None:

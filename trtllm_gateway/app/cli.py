@@ -56,7 +56,7 @@ def serve(argv: list[str]) -> int:
         # The drain already waited --shutdown-timeout; this only bounds closing what is left.
         timeout_graceful_shutdown=DRAIN_TAIL_S,
     )
-    GatewayServer(config, app.state.drain).run()
+    GatewayServer(config, app.state.drain, settings.startup_timeout).run()
     return 0
 
 

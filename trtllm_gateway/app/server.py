@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from types import FrameType
 
 import uvicorn
@@ -22,14 +23,21 @@ logger = logging.getLogger(__name__)
 
 FORCED_SHUTDOWN_S = 5.0
 ENGINE_DIED_EXIT = 3
+STARTUP_TIMEOUT_EXIT = 4
+STARTUP_REPORT_S = 30.0
 
 
 class GatewayServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, startup_timeout: float = 0) -> None:
         super().__init__(config)
         self.drain = drain
         self._drain_task: asyncio.Task[None] | None = None
         self.engine_died = False
+        self.startup_timeout = startup_timeout
+        self.startup_failed = False
+        self._started = time.monotonic()
+        self._next_report = STARTUP_REPORT_S
+        self._starting = True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it and the exit status
@@ -41,6 +49,8 @@ class GatewayServer(uvicorn.Server):
         self.drain.begin()
 
     async def on_tick(self, counter: int) -> bool:
+        if self._starting:
+            self._watch_startup()
         if self.drain.requested and self._drain_task is None:
             self._drain_task = asyncio.create_task(self._drain(), name="drain")
         if not self.engine_died and self._engine_dead():
@@ -56,6 +66,32 @@ class GatewayServer(uvicorn.Server):
         super().run(sockets)
         if self.engine_died:
             raise SystemExit(ENGINE_DIED_EXIT)
+        if self.startup_failed:
+            raise SystemExit(STARTUP_TIMEOUT_EXIT)
+
+    def _watch_startup(self) -> None:
+        """While the engine loads: say what it waits on every STARTUP_REPORT_S, and exit after
+        --startup-timeout so an orchestrator restarts a process that would never be ready."""
+        state = self.drain.state
+        health = state.health() if state is not None else None
+        if health is not None and health.state != "loading":
+            self._starting = False  # ready, or a start that failed and says why in /health
+            return
+        waited = time.monotonic() - self._started
+        doing = (health.detail if health is not None else "") or "starting the engine"
+        if self.startup_timeout and waited > self.startup_timeout:
+            logger.error(
+                "not ready after %.0f s (--startup-timeout %.0f s), still %s; exiting",
+                waited,
+                self.startup_timeout,
+                doing,
+            )
+            self._starting = False
+            self.startup_failed = True
+            self.should_exit = True
+        elif waited >= self._next_report:
+            logger.warning("not ready after %.0f s: %s", waited, doing)
+            self._next_report += STARTUP_REPORT_S
 
     def _engine_dead(self) -> bool:
         state = self.drain.state

@@ -176,6 +176,12 @@ class Settings(BaseSettings):
     shutdown_timeout: float = Field(
         30.0, ge=0.0, description="Seconds in-flight requests get to finish on SIGTERM."
     )
+    startup_timeout: float = Field(
+        3600.0,
+        ge=0.0,
+        description="Seconds the engine may take to become ready before the server exits with "
+        "status 4 (0: wait for ever); what it waits on is logged every 30 s.",
+    )
     max_logprobs: int = Field(20, ge=0, le=20, description="Most top_logprobs a request may ask.")
 
     # --- structured outputs, tools, reasoning (routers/structured.py, tool_parsers/, reasoning/)

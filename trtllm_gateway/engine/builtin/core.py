@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from trtllm_gateway.config.settings import Settings
@@ -63,8 +64,8 @@ class EngineCore:
         self.kv_events = KvEventLog(self.config.block_size, capacity=1 << 20)
         self._kv_sent = -1
 
-    def load(self) -> Ready:
-        lm = load(self.config.load)
+    def load(self, progress: Callable[[str], None]) -> Ready:
+        lm = load(self.config.load, progress)
         if lm.vision is not None:
             embedder = create_embedder(lm.vision, self.config.load)
             self._vision = VisionWorker(embedder, lm.max_model_len)

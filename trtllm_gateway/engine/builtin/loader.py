@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.attention import decode_kernel, paged_attention
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
-from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm
+from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm, is_built
 from trtllm_gateway.engine.builtin.model import MLP, Attention, LlamaModel, RMSNorm
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
@@ -65,7 +66,9 @@ def pick_dtype(name: str, device: torch.device, quantization: str | None = None)
     return torch.float32
 
 
-def load(settings: Settings) -> LoadedModel:
+def load(settings: Settings, progress: Callable[[str], None] = lambda _: None) -> LoadedModel:
+    """Build everything; `progress` hears what a slow start is doing (health's detail)."""
+    progress("loading the model")
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device, settings.quantization)
     if settings.packed_weights == "int8" and (
@@ -100,7 +103,7 @@ def load(settings: Settings) -> LoadedModel:
             raise ValueError("--quantization int8 is for the CPU path; CUDA runs bf16")
         logger.info("int8 weight copies for %d linear layers", quantize_int8(model))
     elif settings.packed_weights != "off" and device.type == "cpu" and dtype == torch.float32:
-        _pack(model, int8=settings.packed_weights == "int8")
+        _pack(model, int8=settings.packed_weights == "int8", progress=progress)
     num_blocks = _num_blocks(settings, cfg, dtype, device)
     bs = settings.block_size
     max_len = min(max_len, num_blocks * bs)
@@ -146,7 +149,9 @@ def _num_blocks(
     return max(2, budget // block_bytes)
 
 
-def _pack(model: LlamaModel, int8: bool) -> None:
+def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> None:
+    if not is_built():
+        progress("building CPU kernels (first start of this install; cached for later starts)")
     kernels = block_gemm()
     if kernels is not None:
         if int8 and not kernels.q8_native():

@@ -100,6 +100,11 @@ class CoreClient:
         self._handshake = asyncio.ensure_future(self._outbox.recv())
         try:
             first: m.Outbound = m.decode_outbound(await self._handshake)
+            while isinstance(first, m.Loading):  # progress for /health while the core loads
+                logger.info("engine core: %s", first.detail)
+                self._detail = first.detail
+                self._handshake = asyncio.ensure_future(self._outbox.recv())
+                first = m.decode_outbound(await self._handshake)
         except asyncio.CancelledError:
             if not self._exited:
                 raise
@@ -109,6 +114,7 @@ class CoreClient:
             self._die(detail)  # stop() joins the core and closes the sockets
             raise EngineDeadError(detail)
         self.info = first.info
+        self._detail = ""
         self.tokenizer_dir = first.tokenizer_dir or None
         self._health = first.health
         self.kv_event_log.num_blocks = first.kv_blocks

@@ -43,7 +43,7 @@ class Core(Protocol):
 
     stopping: bool
 
-    def load(self) -> m.Ready: ...
+    def load(self, progress: Callable[[str], None]) -> m.Ready: ...
     @property
     def wake_fd(self) -> int | None:
         """Readable when work finished off the loop (an image encode) waits to be admitted."""
@@ -81,7 +81,7 @@ def run_core(
     try:
         try:
             core = make_core()
-            outbox.send(m.encode(core.load()))
+            outbox.send(m.encode(core.load(lambda d: outbox.send(m.encode(m.Loading(d))))))
             outbox.send(m.encode(core.batch()))  # what loading produced (the first KV event)
         except Exception as e:
             logger.exception("engine core failed to load")

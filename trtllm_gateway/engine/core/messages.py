@@ -109,6 +109,12 @@ Inbound = Add | Abort | ExportKv | ReleaseKv | Stop
 
 
 # --- core -> client -------------------------------------------------------------------------
+class Loading(msgspec.Struct, frozen=True, tag="loading"):
+    """Sent while the core loads, before Ready: what it is doing (health's detail)."""
+
+    detail: str
+
+
 class Ready(msgspec.Struct, frozen=True, tag="ready"):
     info: EngineInfo
     tokenizer_dir: str
@@ -147,7 +153,7 @@ class Dead(msgspec.Struct, frozen=True, tag="dead"):
     stopped: bool = False
 
 
-Outbound = Ready | OutputBatch | Reply | Dead
+Outbound = Loading | Ready | OutputBatch | Reply | Dead
 
 _encoder = msgspec.msgpack.Encoder()
 _inbound: msgspec.msgpack.Decoder[Inbound] = msgspec.msgpack.Decoder(Inbound)

@@ -8,11 +8,14 @@ EOF when the gateway is gone, however it died, and the core exits (never an orph
 watches a pidfd of the child, readable the moment it exits.
 
 The child ignores SIGINT/SIGTERM: the gateway drains and then sends Stop, so a signal sent to the
-whole process group (a terminal's Ctrl-C, an init) cannot cut streams mid-drain.
+whole process group (a terminal's Ctrl-C, an init) cannot cut streams mid-drain. It also leads a
+process group of its own, so kill() ends what it started too (a first start's CPU-kernel
+compilers would otherwise go on as orphans after a --startup-timeout).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -44,7 +47,9 @@ class ProcessLauncher:
     def start(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses) -> None:
         payload = pickle.dumps((self.settings, self.factory, addrs))
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "trtllm_gateway.engine.core.process"], stdin=subprocess.PIPE
+            [sys.executable, "-m", "trtllm_gateway.engine.core.process"],
+            stdin=subprocess.PIPE,
+            process_group=0,
         )
         self._pidfd = os.pidfd_open(self._proc.pid)
         assert self._proc.stdin is not None
@@ -76,7 +81,8 @@ class ProcessLauncher:
 
     def kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)  # the core and its compilers
             self._proc.wait(5.0)
         self._release()
 

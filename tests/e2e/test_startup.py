@@ -1,0 +1,135 @@
+"""Start-up never hangs (issue 23), with real processes, the real compiler and the real model:
+a CPU-kernel build killed with SIGKILL does not block the next start, and a start that cannot
+get ready says what it waits on in /health and its log, then exits 4 at --startup-timeout."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.server import ROOT, Server
+from trtllm_gateway.engine.builtin.cpu_kernels import build
+from trtllm_gateway.engine.model_source import resolve_model
+
+ARGS = ["--num-kv-blocks", "128"]
+
+
+@pytest.fixture
+def fresh_cache(tmp_path: Path) -> Path:
+    """An empty kernel cache beside the already converted model (hard links, no reconversion)."""
+    model = resolve_model("default")
+    root = tmp_path / "trtllm-gateway"
+    shutil.copytree(model, root / model.name, copy_function=os.link)
+    return tmp_path
+
+
+def _kernel_folder(xdg: Path) -> Path:
+    version = build.compiler_version(build._compiler())
+    assert version is not None, "the e2e tests need the C++ compiler the kernels build with"
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(xdg)
+    try:
+        return build.build_dir(build.select_isa(), version)
+    finally:
+        if old is None:
+            del os.environ["XDG_CACHE_HOME"]
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+
+
+def _core_pids(log: str) -> list[int]:
+    return [int(m) for m in re.findall(r"engine core process (\d+) started", log)]
+
+
+@pytest.fixture
+def held_lock(fresh_cache: Path) -> Iterator[Path]:
+    """A live process holding the kernel build's lock (a build that never ends)."""
+    folder = _kernel_folder(fresh_cache)
+    folder.parent.mkdir(parents=True)
+    lock = folder.with_name(folder.name + ".lock")
+    with lock.open("a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        f.write("424242\n")
+        f.flush()
+        yield lock
+
+
+def test_a_start_that_cannot_get_ready_says_why_then_exits_4(
+    fresh_cache: Path, held_lock: Path, log_dir: Path
+) -> None:
+    env = {"XDG_CACHE_HOME": str(fresh_cache)}
+    srv = Server(args=[*ARGS, "--startup-timeout", "60"], env=env).start(log_dir, wait=False)
+    seen = ""
+    deadline = time.monotonic() + 150
+    try:
+        assert srv.proc is not None
+        while srv.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                r = httpx.get(f"{srv.url}/health", timeout=2)
+                assert r.status_code == 503
+                seen = r.json()["error"]["message"] if "building" in r.text else seen
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        code = srv.proc.wait(30)
+    finally:
+        srv.kill()
+    assert code == 4, srv.log()
+    assert not any(  # the core and everything it started are gone
+        Path(f"/proc/{pid}").exists() for pid in _core_pids(srv.log())
+    ), srv.log()
+    assert "building CPU kernels" in seen
+    log = srv.log()
+    assert "waiting for another process's CPU kernel build" in log and str(held_lock) in log
+    assert "pid 424242" in log
+    assert "(--startup-timeout 60 s), still building CPU kernels" in log
+
+
+def test_a_build_killed_mid_compile_does_not_block_the_next_start(
+    fresh_cache: Path, log_dir: Path
+) -> None:
+    """kill -9 of a first start's build (the whole process group, as a container stop does),
+    then a server on the same cache: it builds again and becomes ready."""
+    folder = _kernel_folder(fresh_cache)
+    env = {**os.environ, "XDG_CACHE_HOME": str(fresh_cache)}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "trtllm_gateway.engine.builtin.cpu_kernels.build"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(folder.parent.glob(folder.name + ".tmp-*/*.ninja")):
+        assert first.poll() is None and time.monotonic() < deadline, "the build never started"
+        time.sleep(0.1)
+    time.sleep(2)  # mid-compile
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert folder.with_name(folder.name + ".lock").exists() and not folder.exists()
+    srv = Server(args=ARGS, env={"XDG_CACHE_HOME": str(fresh_cache)})
+    try:
+        srv.start(log_dir, ready_timeout=1200)
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            timeout=60,
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        assert srv.stop() == 0, srv.log()
+    log = srv.log()
+    assert "building the CPU kernels" in log and "built the CPU kernels in" in log
+    assert folder.is_dir() and not list(folder.parent.glob(folder.name + ".tmp-*"))
