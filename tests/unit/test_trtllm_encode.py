@@ -25,7 +25,7 @@ from tests.unit.test_trtllm_vision import _prompt
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.embed_tensors import frame_tensor, pixel_frames
-from trtllm_gateway.engine.embed_wire import decode_frames
+from trtllm_gateway.engine.embed_wire import decode_frames, encode_frame
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, SamplingParams
 
 ensure_on_path()
@@ -127,3 +127,85 @@ async def test_a_failed_encode_sibling_means_encoding_here(llava_dir: Path) -> N
         assert engine.extras.remote_encode == {"local_fallback": 1}
     finally:
         await engine.stop()
+
+
+def _data_url(raw: bytes, mime: str) -> str:
+    import base64
+
+    return f"data:{mime};base64,{base64.b64encode(raw).decode()}"
+
+
+async def test_image_embeds_parts_answer_as_their_image(llava_dir: Path, tmp_path: Path) -> None:
+    """A client's precomputed embedding (an embed_wire file, as an encode sibling answers)
+    from a data: URL or an allowed local file gives the image's answer; another layout, a
+    file outside --allowed-local-media-path and a non-embedding are 400s naming the part."""
+    import io
+
+    encoder = TrtllmEncodeEngine(Settings(engine="trtllm", model=str(llava_dir), mode="encode"))
+    await encoder.start()
+    image = sample_images()[1]
+    (file_bytes,) = await encoder.encode_images(b"".join(pixel_frames([ImageInput("x", image)])))
+    await encoder.stop()
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "img.tgem").write_bytes(file_bytes)
+    (tmp_path / "outside.tgem").write_bytes(file_bytes)
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+
+    settings = Settings(
+        engine="trtllm",
+        model=str(llava_dir),
+        served_model_name="llava",
+        allowed_local_media_path=media,
+    )
+    app = create_app(settings, engine=TrtllmEngine(settings))
+
+    def chat(part: dict[str, object]) -> dict[str, object]:
+        content = [part, {"type": "text", "text": "describe the picture"}]
+        return {
+            "model": "llava",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 6,
+            "temperature": 0,
+        }
+
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            await wait_ready(client)
+            url = {
+                "type": "image_url",
+                "image_url": {"url": _data_url(png.getvalue(), "image/png")},
+            }
+            want = (await client.post("/v1/chat/completions", json=chat(url))).json()
+            answer = want["choices"][0]["message"]["content"]
+            for source in (
+                _data_url(file_bytes, "application/octet-stream"),
+                f"file://{media / 'img.tgem'}",
+            ):
+                part = {"type": "image_embeds", "image_embeds": {"url": source}}
+                r = await client.post("/v1/chat/completions", json=chat(part))
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"]["content"] == answer
+            outside = {
+                "type": "image_embeds",
+                "image_embeds": f"file://{tmp_path / 'outside.tgem'}",
+            }
+            garbage = {"type": "image_embeds", "image_embeds": _data_url(b"not a frame", "application/octet-stream")}
+            for part in (outside, garbage):
+                r = await client.post("/v1/chat/completions", json=chat(part))
+                assert r.status_code == 400, r.text
+                assert r.json()["error"]["param"] == "messages[0].content[0].image_embeds"
+            frame = next(iter(decode_frames(file_bytes, "embeds")))
+            wrong = encode_frame(
+                "embeds",
+                "x",
+                frame.header.dtype,
+                frame.header.shape,
+                frame.data,
+                "trtllm:other:hidden=64",
+            )
+            part = {"type": "image_embeds", "image_embeds": _data_url(wrong, "application/octet-stream")}
+            r = await client.post("/v1/chat/completions", json=chat(part))
+            assert r.status_code == 400 and "layout" in r.json()["error"]["message"]
