@@ -192,7 +192,8 @@ async def test_image_embeds_parts_answer_as_their_image(llava_dir: Path, tmp_pat
                 "type": "image_embeds",
                 "image_embeds": f"file://{tmp_path / 'outside.tgem'}",
             }
-            garbage = {"type": "image_embeds", "image_embeds": _data_url(b"not a frame", "application/octet-stream")}
+            octet = "application/octet-stream"
+            garbage = {"type": "image_embeds", "image_embeds": _data_url(b"not a frame", octet)}
             for part in (outside, garbage):
                 r = await client.post("/v1/chat/completions", json=chat(part))
                 assert r.status_code == 400, r.text
@@ -206,6 +207,6 @@ async def test_image_embeds_parts_answer_as_their_image(llava_dir: Path, tmp_pat
                 frame.data,
                 "trtllm:other:hidden=64",
             )
-            part = {"type": "image_embeds", "image_embeds": _data_url(wrong, "application/octet-stream")}
+            part = {"type": "image_embeds", "image_embeds": _data_url(wrong, octet)}
             r = await client.post("/v1/chat/completions", json=chat(part))
             assert r.status_code == 400 and "layout" in r.json()["error"]["message"]
