@@ -4,7 +4,8 @@ A context-only result becomes PrefillResult.opaque_state: UTF-8 JSON holding the
 request id, first tokens, draft tokens, the finish reason and TensorRT-LLM's own opaque_state as
 standard base64 (what trtllm-serve calls encoded_opaque_state). The HTTP layer base64s these
 bytes once more; the decode side unpacks them and calls generate_async(generation_only) with the
-same prompt token ids. Encode mode (EPD) is built-in only: engine.trtllm.loader refuses it.
+same prompt token ids. Images are encoded (or fetched from an encode sibling) on the prefill
+side and never cross this hand-off (engine.trtllm.encode).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def to_generation_only(llmapi: Any, state: ContextState) -> Any:
 
 
 def to_context_only(llmapi: Any, disagg: DisaggParams | None) -> Any:
-    """Context-only params for a prefill request (no encoder handles: EPD is built-in only)."""
+    """Context-only params for a prefill request (the decode sibling sends no encoder state)."""
     if disagg is not None and disagg.opaque_state:
         raise InvalidRequestError(
             "this TensorRT-LLM prefill instance takes no encoder state from its decode sibling"
