@@ -393,3 +393,24 @@ def test_lora_modules_need_trtllm_aggregated(tmp_path: Path) -> None:
             Settings(lora_modules=[f"a={tmp_path}"], **kw)
     with pytest.raises(ValueError, match="NAME=PATH"):
         Settings(engine="trtllm", lora_modules=["just-a-path"])
+
+
+async def test_requests_past_max_batch_size_wait_and_health_says_so(model_dir: Path) -> None:
+    """Real: the capacity scheduler runs at most max_batch_size requests a step and queues the
+    rest (iteration stats numActiveRequests / numQueuedRequests). Health counted every
+    submitted request as running."""
+    engine = await _engine(model_dir, max_batch_size=2)
+    streams = [engine.generate(_req(f"r{i}", max_tokens=200, ignore_eos=True)) for i in range(5)]
+    firsts = [asyncio.ensure_future(anext(s)) for s in streams]  # type: ignore[arg-type]
+    try:
+        await asyncio.wait(firsts, timeout=2)
+        assert sum(f.done() for f in firsts) == 2  # only two got a slot
+        health = engine.health()
+        assert (health.running, health.waiting) == (2, 3)
+    finally:
+        for f in firsts:
+            f.cancel()
+        await asyncio.gather(*firsts, return_exceptions=True)
+        for s in streams:
+            await s.aclose()  # type: ignore[attr-defined]
+        await engine.stop()

@@ -150,14 +150,23 @@ class TrtllmEngine:
         self._detail = "stopped"
 
     def health(self) -> EngineHealth:
-        """Cheap snapshot from the last iteration stats (see engine.trtllm.stats)."""
+        """Cheap snapshot from the last iteration stats (see engine.trtllm.stats).
+
+        The stats lag a request just submitted, so the requests in flight count too, but as
+        TensorRT-LLM schedules them: at most max_batch_size run, the rest wait in its queue.
+        """
         snap = self._stats.snapshot if self._stats is not None else None
+        inflight = len(self._inflight)
+        running = min(inflight, self.info.max_batch_size or inflight)
         if snap is None:
-            return EngineHealth(state=self._state, running=len(self._inflight), detail=self._detail)
+            return EngineHealth(
+                state=self._state, running=running, waiting=inflight - running, detail=self._detail
+            )
+        running = max(snap.running, running)
         return EngineHealth(
             state=self._state,
-            running=max(snap.running, len(self._inflight)),
-            waiting=snap.waiting,
+            running=running,
+            waiting=max(snap.waiting, inflight - running),
             kv_usage=snap.kv_usage,
             prefix_cache_queries=snap.prefix_cache_queries,
             prefix_cache_hits=snap.prefix_cache_hits,

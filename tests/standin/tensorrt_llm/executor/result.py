@@ -134,18 +134,24 @@ class RequestOutput:
         assert self._has_loop, _NO_LOOP
         if self._reported_final:
             raise StopAsyncIteration
-        if self._delay:
-            await asyncio.sleep(self._delay)
-        else:
-            await asyncio.sleep(0)
+        await self._wait_for_a_slot()
         self._step()
         self._reported_final = self.finished
         return self
 
+    async def _wait_for_a_slot(self) -> None:
+        # The capacity scheduler runs at most max_batch_size requests in a step; the rest wait
+        # in the queue (numQueuedRequests) until one finishes. A queued abort is served.
+        await asyncio.sleep(self._delay)
+        while True:
+            if self._aborted or self.finished or self._llm._scheduled(self):
+                return
+            await asyncio.sleep(max(self._delay, 0.001))
+
     async def aresult(self) -> RequestOutput:
         assert self._has_loop, _NO_LOOP
         while not self.finished:
-            await asyncio.sleep(self._delay)
+            await self._wait_for_a_slot()
             self._step()
         self._reported_final = True
         return self

@@ -247,8 +247,8 @@ class LLM:
             {
                 "iter": self._iteration,
                 "iterLatencyMS": 1.0,
-                "numActiveRequests": len(self._active),
-                "numQueuedRequests": 0,
+                "numActiveRequests": min(len(self._active), self.args.max_batch_size),
+                "numQueuedRequests": max(0, len(self._active) - self.args.max_batch_size),
                 "numCompletedRequests": 0,
                 "maxNumActiveRequests": self.args.max_batch_size,
                 "kvCacheStats": {
@@ -273,6 +273,15 @@ class LLM:
                 },
             }
         )
+
+    def _scheduled(self, res: RequestOutput) -> bool:
+        """Whether `res` is among the max_batch_size oldest unfinished requests (FCFS)."""
+        for i, request_id in enumerate(self._active):
+            if i >= self.args.max_batch_size:
+                return False
+            if request_id == res.request_id:
+                return True
+        return True
 
     def _on_finish(self, res: RequestOutput) -> None:
         self._active.pop(res.request_id, None)
