@@ -17,37 +17,16 @@ import pytest
 
 from tests.e2e.ops_client import MODEL
 from tests.e2e.server import Server
+from tests.e2e.victims import VICTIM_PROMPTS, chat, victim, victims
 from trtllm_gateway.engine.model_source import resolve_model
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
 ATTACK = {"stop_token_ids": [-100000], "min_tokens": 2}
-VICTIM_PROMPTS = ["Name three colors.", "What is 2+2?", "Say hello in French."]
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
     return Tokenizer.from_dir(resolve_model("default"))
-
-
-def chat(content: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": 24,
-        "temperature": 0,
-        **extra,
-    }
-
-
-async def victim(client: httpx.AsyncClient, url: str, prompt: str) -> str:
-    r = await client.post(f"{url}/v1/chat/completions", json=chat(prompt))
-    assert r.status_code == 200, r.text
-    return str(r.json()["choices"][0]["message"]["content"])
-
-
-async def victims(client: httpx.AsyncClient, url: str) -> list[str]:
-    """The three ordinary requests at once; each one's text (each must be a 200)."""
-    return list(await asyncio.gather(*(victim(client, url, p) for p in VICTIM_PROMPTS)))
 
 
 async def test_attack_beside_three_victims(server: Server) -> None:

@@ -230,6 +230,13 @@ class Settings(BaseSettings):
     kv_handoff_timeout: float = Field(
         30.0, gt=0.0, description="Seconds a prefill instance keeps KV blocks nobody pulled."
     )
+    max_held_kv_fraction: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Share of the KV cache that context phases held for siblings may take; "
+        "past it a prefill gets 503 and the decode side prefills locally.",
+    )
 
     # --- KV-aware routing (docs/kv_events.md) ---------------------------------------------------
     kv_events_zmq: str | None = Field(

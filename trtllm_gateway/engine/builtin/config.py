@@ -30,6 +30,7 @@ class EngineConfig:
     max_batch_size: int
     max_num_tokens: int
     kv_handoff_timeout: float
+    max_held_kv_fraction: float
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:
@@ -43,4 +44,5 @@ class EngineConfig:
             max_batch_size=settings.max_batch_size,
             max_num_tokens=settings.max_num_tokens,
             kv_handoff_timeout=settings.kv_handoff_timeout,
+            max_held_kv_fraction=settings.max_held_kv_fraction,
         )

@@ -115,7 +115,9 @@ class EngineCore:
         return None
 
     def has_work(self) -> bool:
-        return self._st.scheduler.has_work()
+        """Work a step can make progress on now (a stalled queue waits for a message)."""
+        st = self._st
+        return st.scheduler.has_work() and not st.stalled
 
     def idle_timeout(self) -> float | None:
         """How long the loop may sleep with no work: held KV hand-offs expire."""
@@ -217,7 +219,7 @@ class EngineCore:
         self, req: GenerateRequest, msg: Add, kv_blob: bytes | None
     ) -> tuple[Sequence, TokenEvent | None]:
         parts = self._p
-        if msg.request_id in parts.stepper.seqs:
+        if msg.request_id in parts.stepper.seqs or msg.request_id in parts.stepper.handoffs:
             raise InvalidRequestError(f"request id {msg.request_id!r} is already in flight")
         seq = parts.admission.sequence(req)
         seq.hold_kv = msg.hold_kv

@@ -286,9 +286,10 @@ class BuiltinEngine:
                 return
             if st.handoffs:
                 st.expire_handoffs(time.perf_counter())
-            if not st.scheduler.has_work():
+            if not st.scheduler.has_work() or st.stalled:
                 self._emit(events)
-                # Wake at least every second while KV handoffs may need expiring.
+                # Nothing a step can progress on (a queue waiting for blocks only a message or
+                # an expiry frees): wait, at least every second while KV handoffs may expire.
                 self._wake.wait(timeout=1.0 if st.handoffs else None)
                 self._wake.clear()
                 continue

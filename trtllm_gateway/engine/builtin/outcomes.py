@@ -65,6 +65,10 @@ class Outcomes:
             self.seqs.pop(seq.request_id, None)
             self.scheduler.finish(seq, keep_blocks=seq.hold_kv)
             if seq.hold_kv:
+                # Stepper.add refuses a second id; were one to get here, its blocks go back.
+                old = self.handoffs.pop(seq.request_id, None)
+                if old is not None:
+                    self.scheduler.release(old[0])
                 self.handoffs[seq.request_id] = (seq, now + self.handoff_timeout)
             events.append((seq.request_id, self.final_event(seq, reason, (r.token_id,), lps)))
             return

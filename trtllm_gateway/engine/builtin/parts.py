@@ -49,7 +49,8 @@ def assemble(lm: LoadedModel, config: EngineConfig, kv_events: KvEventLog) -> En
     lm.blocks.clear_cache()  # event 0: a reader starts from an empty cache
     sched = Scheduler(lm.blocks, config.max_batch_size, config.max_num_tokens)
     sampler = Sampler(lm.cfg.eos_token_ids)
-    stepper = Stepper(lm, sched, sampler, lm.max_model_len, config.kv_handoff_timeout)
+    max_held = max(1, int(config.max_held_kv_fraction * lm.blocks.num_blocks))
+    stepper = Stepper(lm, sched, sampler, lm.max_model_len, config.kv_handoff_timeout, max_held)
     info = EngineInfo(
         model_id=config.model_id,
         max_model_len=lm.max_model_len,

@@ -59,6 +59,7 @@ class Scheduler:
         self.preemptions = 0
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found cached
+        self.last_scheduled = 0  # chunks the last schedule() packed (0 with work: stalled)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -106,6 +107,7 @@ class Scheduler:
             self.running.append(seq)
             chunks.append(ScheduledChunk(seq, seq.num_computed, n))
             budget -= n
+        self.last_scheduled = len(chunks)
         return chunks
 
     def _admit_imported(self, seq: Sequence) -> bool:

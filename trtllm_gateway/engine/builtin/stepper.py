@@ -16,7 +16,7 @@ from trtllm_gateway.engine.builtin.overlap import OverlapPipeline
 from trtllm_gateway.engine.builtin.sampler import Sampler, row_failure
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
-from trtllm_gateway.engine.protocol import InvalidRequestError, TokenEvent
+from trtllm_gateway.engine.protocol import InvalidRequestError, OverloadedError, TokenEvent
 
 if TYPE_CHECKING:
     from trtllm_gateway.engine.builtin.loader import LoadedModel
@@ -32,6 +32,7 @@ class Stepper:
         sampler: Sampler,
         max_model_len: int,
         handoff_timeout: float = 30.0,
+        max_held_blocks: int | None = None,
     ) -> None:
         self.runner = lm.runner
         self.device = lm.device
@@ -40,6 +41,12 @@ class Stepper:
         self.outcomes = Outcomes(scheduler, sampler.eos, max_model_len, handoff_timeout)
         self.seqs = self.outcomes.seqs  # in flight, by request_id
         self.handoffs = self.outcomes.handoffs  # context phases held for a sibling's pull
+        # Blocks that context phases may hold for siblings at once (held or still prefilling):
+        # unbounded, unpulled hand-offs would starve every other request until they expire.
+        self.max_held_blocks = lm.blocks.num_blocks if max_held_blocks is None else max_held_blocks
+        # The last step scheduled nothing and emitted nothing: only a message (an add, an
+        # abort, a release) or a hand-off's expiry can change that, so the loop waits for one.
+        self.stalled = False
         # CUDA: schedule step N+1 while the GPU runs step N (overlap.py).
         self.pipeline = (
             OverlapPipeline(scheduler, lm.runner, sampler, self.outcomes)
@@ -52,7 +59,19 @@ class Stepper:
         scheduler.on_import = self._write_imported
 
     def add(self, seq: Sequence, first: TokenEvent | None = None) -> Emitted:
-        """Queue a sequence; a decode-side one arrives with its first token already sampled."""
+        """Queue a sequence; a decode-side one arrives with its first token already sampled.
+
+        Refused (its error is the one event): an id already running or holding KV for a
+        sibling (a second hand-off under one id would orphan the first one's blocks), and a
+        context phase past the bound on held KV (Overloaded: the decode side prefills locally).
+        """
+        self.stalled = False
+        request_id = seq.request_id
+        if request_id in self.seqs or request_id in self.handoffs:
+            held = "holds KV for a sibling" if request_id in self.handoffs else "is in flight"
+            return [(request_id, InvalidRequestError(f"request id {request_id!r} {held}"))]
+        if seq.hold_kv and self._held_blocks() + self._prompt_blocks(seq) > self.max_held_blocks:
+            return [(request_id, OverloadedError("KV held for siblings is at its bound"))]
         if first is not None:
             reason = self.outcomes.finish_reason(seq, seq.token_ids[-1])
             if reason is not None:
@@ -66,7 +85,16 @@ class Stepper:
         seq.first_event_sent = True
         return [(seq.request_id, first)]
 
+    def _prompt_blocks(self, seq: Sequence) -> int:
+        return self.scheduler.blocks.blocks_needed(seq.prompt_len)
+
+    def _held_blocks(self) -> int:
+        """Blocks held for siblings, and those context phases in flight will hold."""
+        held = sum(len(seq.block_table) for seq, _ in self.handoffs.values())
+        return held + sum(self._prompt_blocks(s) for s in self.seqs.values() if s.hold_kv)
+
     def abort(self, request_id: str) -> Emitted:
+        self.stalled = False  # the request it frees may be what the queue waits for
         self.release_kv(request_id)
         seq = self.seqs.pop(request_id, None)
         if seq is None:
@@ -82,6 +110,7 @@ class Stepper:
         entry = self.handoffs.pop(request_id, None)
         if entry is None:
             raise KeyError(request_id)
+        self.stalled = False
         seq = entry[0]
         try:
             slots = slots_for(seq.block_table, seq.prompt_len, self.block_size, self.device)
@@ -92,6 +121,7 @@ class Stepper:
     def release_kv(self, request_id: str) -> None:
         entry = self.handoffs.pop(request_id, None)
         if entry is not None:
+            self.stalled = False
             self.scheduler.release(entry[0])
 
     def expire_handoffs(self, now: float) -> None:
@@ -113,6 +143,12 @@ class Stepper:
         return out
 
     def step(self) -> Emitted:
+        events = self._step()
+        idle_pipeline = self.pipeline is None or self.pipeline.inflight is None
+        self.stalled = not events and self.scheduler.last_scheduled == 0 and idle_pipeline
+        return events
+
+    def _step(self) -> Emitted:
         if self.pipeline is not None:
             return self.pipeline.step()
         chunks = self.scheduler.schedule()

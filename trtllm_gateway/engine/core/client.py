@@ -269,6 +269,9 @@ class CoreClient:
             elif isinstance(msg, m.Dead):
                 self._die("" if msg.stopped else msg.detail)
                 return
+            # recv on a socket with a message queued completes without suspending: a core that
+            # sends fast enough would keep this task running and starve every other (/health).
+            await asyncio.sleep(0)
 
     @staticmethod
     def _take(msg: m.Reply) -> bytes:

@@ -2,10 +2,12 @@
 
     poll(inbox, parent) ─▶ handle every queued message ─▶ step ─▶ send OutputBatch ─▶ poll ...
 
-It blocks on the inbox only while the core has no work; with work, it takes what has queued and
-steps again. A second thread answers PrefixProbes (a read of the prefix cache) so conditional
-disaggregation never waits for a step. The loop ends on Stop (Dead(stopped=True)), on an engine
-bug (Dead with the reason) or when the parent process is gone (no orphan engine).
+It blocks on the inbox only while the core has no work it can progress on (a queue waiting for
+KV blocks that only an abort, a release or a hand-off's expiry can free counts as none); with
+work, it takes what has queued and steps again. A second thread answers PrefixProbes (a read of
+the prefix cache) so conditional disaggregation never waits for a step. The loop ends on Stop
+(Dead(stopped=True)), on an engine bug (Dead with the reason) or when the parent process is gone
+(no orphan engine).
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ def _serve(
         poller.register(parent, zmq.POLLIN)
     if core.wake_fd is not None:
         poller.register(core.wake_fd, zmq.POLLIN)
+    last: m.OutputBatch | None = None
     while True:
         if core.has_work():
             timeout_ms: int | None = 0
@@ -146,9 +149,23 @@ def _serve(
             outbox.send(m.encode(core.batch()))
             outbox.send(m.encode(m.Dead(f"engine step failed: {e}")))
             return 1
-        # Every wake-up ends in a batch: a step's tokens, a message's effect (an abort), or an
-        # idle tick that expired a KV hand-off; the health snapshot it carries stays current.
-        outbox.send(m.encode(core.batch()))
+        # A wake-up ends in a batch when it changed something: a step's tokens, a message's
+        # effect (an abort), an idle tick that expired a KV hand-off (the health it carries).
+        # An unchanged empty one is not sent: a stream of them kept the client's reader busy.
+        batch = core.batch()
+        if last is None or _changed(batch, last):
+            outbox.send(m.encode(batch))
+            last = batch
+
+
+def _changed(batch: m.OutputBatch, last: m.OutputBatch) -> bool:
+    return bool(
+        batch.events
+        or batch.errors
+        or batch.kv_events
+        or batch.health != last.health
+        or batch.remote_encode != last.remote_encode
+    )
 
 
 def _drain_inbox(

@@ -1,0 +1,127 @@
+"""Held KV under attack (issue 24, item 1) on SmolLM2, beside victims that must keep their answers.
+
+A prefill instance holds a context phase's KV for a sibling to pull. Before the fix a second
+/internal/v1/prefill under one request_id overwrote the hand-off and orphaned its blocks for good;
+a request that then needed more blocks than were free made the core loop spin (an empty batch a
+turn) and the gateway's reader starve the event loop: /health stopped answering. Here: a duplicate
+id is a 400 and frees nothing it should not, held KV has a bound (503 past it) and an expiry, and a
+request waiting for blocks leaves /health answering at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.ops_client import MODEL
+from tests.e2e.server import Server
+from tests.e2e.victims import alone, victims
+
+BLOCKS = 64  # x 16 tokens; held hand-offs may take half (--max-held-kv-fraction 0.5)
+EXPIRY_S = 10.0  # long enough for a slow CI between a prefill and its checks
+
+
+@pytest.fixture(scope="module")
+def kv_server(log_dir: Path) -> Iterator[Server]:
+    args = ["--num-kv-blocks", str(BLOCKS), "--kv-handoff-timeout", str(EXPIRY_S)]
+    srv = Server(args=args).start(log_dir)
+    yield srv
+    assert srv.stop() == 0, srv.log()
+
+
+def prefill_body(request_id: str, n: int, first: int = 1000) -> dict[str, Any]:
+    return {"request_id": request_id, "prompt_token_ids": list(range(first, first + n))}
+
+
+async def blocks_used(client: httpx.AsyncClient, url: str) -> int:
+    r = await client.get(f"{url}/internal/v1/load")
+    assert r.status_code == 200, r.text
+    return int(r.json()["kv_blocks_used"])
+
+
+async def health_latency(client: httpx.AsyncClient, url: str) -> float:
+    t0 = time.monotonic()
+    r = await client.get(f"{url}/health", timeout=30)
+    assert r.status_code == 200, r.text
+    return time.monotonic() - t0
+
+
+async def test_a_duplicate_prefill_id_is_refused_and_leaks_nothing(kv_server: Server) -> None:
+    url = kv_server.url
+    async with httpx.AsyncClient(timeout=120) as client:
+        expected = await alone(client, url)
+        first = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("dup", 100))
+        assert first.status_code == 200, first.text
+        held = await blocks_used(client, url)
+        assert held == 7  # 101 tokens (the prompt and its first token) in blocks of 16
+        again = [
+            client.post(f"{url}/internal/v1/prefill", json=prefill_body("dup", 100, first=2000))
+            for _ in range(2)
+        ]
+        *dups, beside = await asyncio.gather(*again, victims(client, url))
+        for r in dups:
+            assert r.status_code == 400, r.text
+            assert "dup" in r.json()["error"]["message"]
+        assert beside == expected
+        assert await blocks_used(client, url) == held  # the refusals took and freed nothing
+        r = await client.delete(f"{url}/internal/v1/kv/dup")
+        assert r.status_code == 200, r.text
+        assert await blocks_used(client, url) == 0
+        pulled = await client.get(f"{url}/internal/v1/kv/dup")
+        assert pulled.status_code == 404, pulled.text  # released means gone
+
+
+async def test_held_kv_has_a_bound(kv_server: Server) -> None:
+    url = kv_server.url
+    async with httpx.AsyncClient(timeout=120) as client:
+        a = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("bound-a", 300))
+        assert a.status_code == 200, a.text  # 19 blocks of the 32 that may be held
+        b = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("bound-b", 300))
+        assert b.status_code == 503, b.text
+        assert "held" in b.json()["error"]["message"]
+        await client.delete(f"{url}/internal/v1/kv/bound-a")
+        assert await blocks_used(client, url) == 0
+
+
+async def test_a_request_waiting_for_held_blocks_starves_nobody(kv_server: Server) -> None:
+    """31 blocks held; a 560-token prompt (35 blocks) waits for them. /health answers meanwhile;
+    once the hand-off is released the waiting request and the victims behind it all finish."""
+    url = kv_server.url
+    async with httpx.AsyncClient(timeout=120) as client:
+        expected = await alone(client, url)
+        held = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("stall", 490))
+        assert held.status_code == 200, held.text
+        big = {"model": MODEL, "prompt": list(range(3000, 3560)), "max_tokens": 4, "temperature": 0}
+        waiting = asyncio.create_task(client.post(f"{url}/v1/completions", json=big))
+        beside = asyncio.create_task(victims(client, url))
+        await asyncio.sleep(0.5)
+        latencies = [await health_latency(client, url) for _ in range(5)]
+        assert not waiting.done(), "the big prompt should wait for the held blocks"
+        assert max(latencies) < 1.0, latencies
+        released = await client.delete(f"{url}/internal/v1/kv/stall")
+        assert released.status_code == 200, released.text
+        r = await waiting
+        assert r.status_code == 200, r.text
+        assert await beside == expected
+        assert await blocks_used(client, url) == 0
+
+
+async def test_held_kv_expires(kv_server: Server) -> None:
+    url = kv_server.url
+    async with httpx.AsyncClient(timeout=120) as client:
+        r = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("expire", 40))
+        assert r.status_code == 200, r.text
+        t_held = time.monotonic()
+        assert await blocks_used(client, url) == 3
+        while await blocks_used(client, url):
+            assert time.monotonic() - t_held < EXPIRY_S + 10, "the hand-off never expired"
+            await asyncio.sleep(0.5)
+        assert time.monotonic() - t_held >= EXPIRY_S - 1.0
+        gone = await client.get(f"{url}/internal/v1/kv/expire")
+        assert gone.status_code == 404, gone.text
