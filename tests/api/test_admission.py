@@ -133,8 +133,14 @@ async def test_sibling_prefill_counts_against_admission(
     monkeypatch.setattr(fake_engine, "prefill", slow_prefill)
     body = {"request_id": "ctx-1", "prompt_token_ids": [5, 6, 7]}
     async with serve(
-        settings, fake_engine, mode="prefill", max_batch_size=1, max_queued_requests=0
+        settings,
+        fake_engine,
+        mode="prefill",
+        max_batch_size=1,
+        max_queued_requests=0,
+        internal_api_key="int-key",
     ) as (app, client):
+        client.headers["Authorization"] = "Bearer int-key"
         admission = drain_of(app).admission
         first = asyncio.create_task(client.post("/internal/v1/prefill", json=body))
         await wait_until(lambda: admission.in_flight == 1)

@@ -1,5 +1,6 @@
-"""API keys: 401 (OpenAI error shape) without the right key on /v1/* and the sibling endpoints;
-/health, /metrics and /version stay open; keys from flags, env and a file."""
+"""API keys: 401 (OpenAI error shape) without the right key on /v1/*; /health, /metrics and
+/version stay open; keys from flags, env and a file. The sibling and router endpoints (/internal/)
+take only the internal key: 403 without one configured (the default), 401 for a client key."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ async def test_missing_or_wrong_key_is_401(settings: Settings, fake_engine: Fake
             assert error["code"] == "invalid_api_key"
             assert "sk-" not in error["message"]
         assert (await client.get("/v1/models")).status_code == 401
-        assert (await client.get("/internal/v1/info")).status_code == 401
         assert (await client.get("/openapi.json")).status_code == 401
 
 
@@ -71,3 +71,46 @@ def test_keys_from_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_no_keys_no_auth(settings: Settings, fake_engine: FakeEngine) -> None:
     async with serve(settings, fake_engine) as (_, client):
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+
+INTERNAL_PATHS = [
+    ("GET", "/internal/v1/info"),
+    ("POST", "/internal/v1/prefill"),
+    ("GET", "/internal/v1/kv/ctx-1"),
+    ("DELETE", "/internal/v1/kv/ctx-1"),
+    ("POST", "/internal/v1/encode"),
+    ("GET", "/internal/v1/kv-events"),
+    ("GET", "/internal/v1/load"),
+]
+
+
+@pytest.mark.parametrize("client_keys", [[], KEYS])
+async def test_internal_endpoints_are_off_by_default(
+    settings: Settings, fake_engine: FakeEngine, client_keys: list[str]
+) -> None:
+    """Issue 24: without --internal-api-key nobody reaches them, with or without a client key."""
+    async with serve(settings, fake_engine, api_key=client_keys) as (_, client):
+        for method, path in INTERNAL_PATHS:
+            for headers in ({}, {"Authorization": "Bearer sk-one"}):
+                r = await client.request(method, path, headers=headers)
+                assert r.status_code == 403, (method, path, r.text)
+                assert r.json()["error"]["code"] == "internal_endpoints_off"
+                assert "--internal-api-key" in r.json()["error"]["message"]
+
+
+async def test_internal_endpoints_take_only_the_internal_key(
+    settings: Settings, fake_engine: FakeEngine
+) -> None:
+    async with serve(settings, fake_engine, api_key=KEYS, internal_api_key="int-key") as (
+        _,
+        client,
+    ):
+        for method, path in INTERNAL_PATHS:
+            for headers in ({}, {"Authorization": "Bearer sk-one"}, {"X-Api-Key": "sk-two"}):
+                r = await client.request(method, path, headers=headers)
+                assert r.status_code == 401, (method, path, r.text)
+                assert r.json()["error"]["code"] == "invalid_internal_key"
+        internal = {"Authorization": "Bearer int-key"}
+        assert (await client.get("/internal/v1/info", headers=internal)).status_code == 200
+        # ... and the internal key is no client key.
+        assert (await client.get("/v1/models", headers=internal)).status_code == 401

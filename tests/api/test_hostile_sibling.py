@@ -8,8 +8,23 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
+
+from trtllm_gateway.config.settings import Settings
 
 URL = "/internal/v1/prefill"
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"internal_api_key": SecretStr("int-key")})
+
+
+@pytest.fixture
+def client(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """The sibling's client: it presents the internal key."""
+    client.headers["Authorization"] = "Bearer int-key"
+    return client
 
 
 def prefill(**sampling: Any) -> dict[str, Any]:

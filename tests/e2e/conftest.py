@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.ops_client import INTERNAL_KEY
 from tests.e2e.server import Server
 
 pytestmark = pytest.mark.e2e
@@ -26,6 +27,7 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server(log_dir: Path) -> Iterator[Server]:
     """The built-in engine on SmolLM2 (default flags, a small KV pool to keep memory low)."""
-    srv = Server(args=["--num-kv-blocks", "512"]).start(log_dir)
+    srv = Server(args=["--num-kv-blocks", "512", "--internal-api-key", INTERNAL_KEY])
+    srv.start(log_dir)
     yield srv
     assert srv.stop() == 0, srv.log()

@@ -11,6 +11,9 @@ from typing import Any
 import httpx
 
 MODEL = "SmolLM2-135M-Instruct"
+# The sibling and router endpoints' credential (--internal-api-key); /internal/ takes nothing else.
+INTERNAL_KEY = "e2e-internal-key"
+INTERNAL_AUTH = {"Authorization": f"Bearer {INTERNAL_KEY}"}
 
 
 def chat(max_tokens: int, **extra: Any) -> dict[str, Any]:

@@ -11,7 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.ops_client import INTERNAL_KEY
 from tests.e2e.server import Server, free_port
+
+INTERNAL = ["--internal-api-key", INTERNAL_KEY]  # both sides of a pair share it
 
 MODEL = "SmolLM2-135M-Instruct"
 LONG_SYSTEM = (
@@ -39,14 +42,14 @@ def chat(prompt: str, **kw: object) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def prefill(log_dir: Path) -> Iterator[Server]:
-    srv = Server(args=["--mode", "prefill", "--num-kv-blocks", "512"]).start(log_dir)
+    srv = Server(args=["--mode", "prefill", "--num-kv-blocks", "512", *INTERNAL]).start(log_dir)
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="module")
 def decode(prefill: Server, log_dir: Path) -> Iterator[Server]:
-    args = ["--mode", "decode", "--prefill-url", prefill.url, "--num-kv-blocks", "512"]
+    args = ["--mode", "decode", "--prefill-url", prefill.url, "--num-kv-blocks", "512", *INTERNAL]
     srv = Server(args=[*args, "--max-local-prefill-tokens", "64"]).start(log_dir)
     yield srv
     srv.stop()
@@ -130,7 +133,7 @@ def test_disconnect_during_remote_prefill_frees_both(prefill: Server, decode: Se
 
 
 def test_mismatched_sibling_is_refused(prefill: Server, log_dir: Path) -> None:
-    args = ["--mode", "decode", "--prefill-url", prefill.url, "--block-size", "8"]
+    args = ["--mode", "decode", "--prefill-url", prefill.url, "--block-size", "8", *INTERNAL]
     srv = Server(args=[*args, "--num-kv-blocks", "256"]).start(log_dir, wait=False)
     try:
         deadline = time.monotonic() + 120

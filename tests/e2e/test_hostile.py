@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.ops_client import MODEL
+from tests.e2e.ops_client import INTERNAL_AUTH, MODEL
 from tests.e2e.server import Server
 from tests.e2e.victims import VICTIM_PROMPTS, chat, victim, victims
 from trtllm_gateway.engine.model_source import resolve_model
@@ -122,8 +122,8 @@ SIBLING_ATTACKS: list[dict[str, Any]] = [
 
 
 async def test_sibling_endpoint_attacks_leave_the_engine_serving(server: Server) -> None:
-    """/internal/v1/prefill is reachable by any client that can reach the server (without
-    --api-key): hostile sampling there is a 400 and the engine keeps serving."""
+    """/internal/v1/prefill takes SamplingParams whole from whoever holds the internal key:
+    hostile sampling there is a 400 and the engine keeps serving."""
     async with httpx.AsyncClient(timeout=120) as client:
         for i, sampling in enumerate(SIBLING_ATTACKS):
             body = {
@@ -131,7 +131,9 @@ async def test_sibling_endpoint_attacks_leave_the_engine_serving(server: Server)
                 "prompt_token_ids": [1, 2, 3],
                 "sampling": sampling,
             }
-            r = await client.post(f"{server.url}/internal/v1/prefill", json=body)
+            r = await client.post(
+                f"{server.url}/internal/v1/prefill", json=body, headers=INTERNAL_AUTH
+            )
             assert r.status_code == 400, (sampling, r.text)
         assert await victims(client, server.url)
     assert server.metric("trtllm_gateway:kv_cache_usage_perc") == 0

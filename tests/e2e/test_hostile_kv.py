@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.ops_client import MODEL
+from tests.e2e.ops_client import INTERNAL_AUTH, INTERNAL_KEY, MODEL
 from tests.e2e.server import Server
 from tests.e2e.victims import alone, victims
 
@@ -30,7 +30,7 @@ EXPIRY_S = 10.0  # long enough for a slow CI between a prefill and its checks
 @pytest.fixture(scope="module")
 def kv_server(log_dir: Path) -> Iterator[Server]:
     args = ["--num-kv-blocks", str(BLOCKS), "--kv-handoff-timeout", str(EXPIRY_S)]
-    srv = Server(args=args).start(log_dir)
+    srv = Server(args=[*args, "--internal-api-key", INTERNAL_KEY]).start(log_dir)
     yield srv
     assert srv.stop() == 0, srv.log()
 
@@ -54,7 +54,7 @@ async def health_latency(client: httpx.AsyncClient, url: str) -> float:
 
 async def test_a_duplicate_prefill_id_is_refused_and_leaks_nothing(kv_server: Server) -> None:
     url = kv_server.url
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=120, headers=INTERNAL_AUTH) as client:
         expected = await alone(client, url)
         first = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("dup", 100))
         assert first.status_code == 200, first.text
@@ -79,7 +79,7 @@ async def test_a_duplicate_prefill_id_is_refused_and_leaks_nothing(kv_server: Se
 
 async def test_held_kv_has_a_bound(kv_server: Server) -> None:
     url = kv_server.url
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=120, headers=INTERNAL_AUTH) as client:
         a = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("bound-a", 300))
         assert a.status_code == 200, a.text  # 19 blocks of the 32 that may be held
         b = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("bound-b", 300))
@@ -93,7 +93,7 @@ async def test_a_request_waiting_for_held_blocks_starves_nobody(kv_server: Serve
     """31 blocks held; a 560-token prompt (35 blocks) waits for them. /health answers meanwhile;
     once the hand-off is released the waiting request and the victims behind it all finish."""
     url = kv_server.url
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=120, headers=INTERNAL_AUTH) as client:
         expected = await alone(client, url)
         held = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("stall", 490))
         assert held.status_code == 200, held.text
@@ -114,7 +114,7 @@ async def test_a_request_waiting_for_held_blocks_starves_nobody(kv_server: Serve
 
 async def test_held_kv_expires(kv_server: Server) -> None:
     url = kv_server.url
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=120, headers=INTERNAL_AUTH) as client:
         r = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("expire", 40))
         assert r.status_code == 200, r.text
         t_held = time.monotonic()

@@ -20,11 +20,13 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from PIL import Image
 
+from tests.e2e.ops_client import INTERNAL_KEY
 from tests.e2e.server import Server
 from tests.engine.tiny_llava import build_tiny_llava
 from tests.unit.test_media_server import ImageServer, Route
 
 COMMON = ["--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "256", "--block-size", "4"]
+COMMON += ["--internal-api-key", INTERNAL_KEY]  # encode and prefill siblings take only it
 
 
 def _png(path: Path, image: Image.Image) -> bytes:

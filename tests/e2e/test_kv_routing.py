@@ -19,6 +19,7 @@ import httpx
 import pytest
 import zmq
 
+from tests.e2e.ops_client import INTERNAL_AUTH, INTERNAL_KEY
 from tests.e2e.server import Server, free_port
 from trtllm_gateway.engine.kv_events_zmq import _BlockStored, decode_batch
 
@@ -50,8 +51,8 @@ def _ttft(url: str, prompt: list[int]) -> float:
 def _events(url: str, after: int = -1) -> list[dict[str, object]]:
     r = httpx.get(
         f"{url}/internal/v1/kv-events",
-        params={"after": after, "follow": "false"},
-        headers=AUTH,
+        params={"after": after, "follow": "false", "token_ids": "true"},
+        headers=INTERNAL_AUTH,
         timeout=10,
     )
     assert r.status_code == 200, r.text
@@ -99,6 +100,7 @@ def zmq_sub() -> Iterator[ZmqSub]:
 @pytest.fixture(scope="module")
 def three(log_dir: Path, zmq_sub: ZmqSub) -> Iterator[list[Server]]:
     common = ["--num-kv-blocks", "512", "--api-key", KEY, "--log-level", "warning"]
+    common += ["--internal-api-key", INTERNAL_KEY]
     zmq_addr = f"tcp://127.0.0.1:{zmq_sub.port}"
     p1 = Server(args=["--mode", "prefill", *common, "--kv-events-zmq", zmq_addr])
     p2 = Server(args=["--mode", "prefill", *common])
@@ -121,13 +123,15 @@ def test_events_stream_auth_and_load(three: list[Server]) -> None:
     p1 = three[0]
     assert httpx.get(f"{p1.url}/internal/v1/kv-events").status_code == 401
     assert httpx.get(f"{p1.url}/internal/v1/load").status_code == 401
+    # A client key opens the public API only, never another user's prompt tokens.
+    assert httpx.get(f"{p1.url}/internal/v1/kv-events", headers=AUTH).status_code == 401
     events = _events(p1.url)
     assert events[0]["type"] == "Hello" and events[0]["block_size"] == BS
     assert events[1]["type"] == "AllBlocksCleared" and events[1]["event_id"] == 0
-    load = httpx.get(f"{p1.url}/internal/v1/load", headers=AUTH).json()
+    load = httpx.get(f"{p1.url}/internal/v1/load", headers=INTERNAL_AUTH).json()
     assert load["state"] == "ready" and load["kv_blocks_total"] == 512
     assert {"running", "waiting", "kv_usage", "kv_blocks_used"} <= set(load)
-    r = httpx.get(f"{p1.url}/internal/v1/kv-events", params={"after": -2}, headers=AUTH)
+    r = httpx.get(f"{p1.url}/internal/v1/kv-events", params={"after": -2}, headers=INTERNAL_AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"].endswith("after")
 
 
@@ -164,9 +168,9 @@ def test_sibling_with_the_prefix_gets_the_request(three: list[Server], zmq_sub: 
     # p1's ZMQ socket carried the same stored blocks as its NDJSON stream (a context phase run
     # on p1 directly makes sure it stored some).
     body = {"protocol_version": 1, "request_id": "zmq-check", "prompt_token_ids": _prompt(5, 64)}
-    r = httpx.post(f"{p1.url}/internal/v1/prefill", json=body, headers=AUTH, timeout=60)
+    r = httpx.post(f"{p1.url}/internal/v1/prefill", json=body, headers=INTERNAL_AUTH, timeout=60)
     assert r.status_code == 200, r.text
-    httpx.delete(f"{p1.url}/internal/v1/kv/zmq-check", headers=AUTH, timeout=10)
+    httpx.delete(f"{p1.url}/internal/v1/kv/zmq-check", headers=INTERNAL_AUTH, timeout=10)
     time.sleep(0.5)
     hashes: list[int] = []
     for topic, seq, payload in zmq_sub.messages:

@@ -30,7 +30,7 @@ from schemathesis.checks import (
     response_schema_conformance,
 )
 
-from tests.e2e.ops_client import MODEL
+from tests.e2e.ops_client import INTERNAL_AUTH, MODEL
 from tests.e2e.server import Server
 
 MAX_EXAMPLES = 20
@@ -200,7 +200,7 @@ class Tally:
 
     def send(self, client: httpx.Client, path: str, text: str) -> None:
         self.tried += 1
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", **INTERNAL_AUTH}
         try:
             r = client.post(path, content=text.encode(), headers=headers, timeout=HANG_S)
         except httpx.TimeoutException:
@@ -210,7 +210,7 @@ class Tally:
         if path == "/internal/v1/prefill" and r.status_code == 200:
             # A prefill holds its KV for the decode sibling until pulled (or a timeout): free it.
             held = r.json()["disaggregated_params"]["ctx_request_id"]
-            client.delete(f"/internal/v1/kv/{held}", timeout=HANG_S)
+            client.delete(f"/internal/v1/kv/{held}", headers=INTERNAL_AUTH, timeout=HANG_S)
         shed = r.status_code == 503 and '"queue_full"' in r.text
         if r.status_code >= 500 and not shed:
             self.server_errors.append(f"{r.status_code} {r.text[:200]} <- {text[:300]}")

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from asgi_lifespan import LifespanManager
+from pydantic import SecretStr
 
 from tests.conftest import wait_ready
 from trtllm_gateway.app.main import create_app
@@ -16,6 +17,19 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.kv_events import BlockRemoved, BlockStored, KvEventLog
 from trtllm_gateway.engine.protocol import EngineInfo
+
+AUTH = {"Authorization": "Bearer int-key"}  # the internal key: /internal/ takes nothing else
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"internal_api_key": SecretStr("int-key")})
+
+
+@pytest.fixture
+def client(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    client.headers.update(AUTH)
+    return client
 
 
 class EventFakeEngine(FakeEngine):
@@ -34,7 +48,9 @@ async def events_client(
     app = create_app(settings, engine=engine)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=AUTH
+        ) as client:
             await wait_ready(client)
             yield client, engine.kv_event_log
 
@@ -95,3 +111,16 @@ async def test_engine_without_events_is_a_404(client: httpx.AsyncClient) -> None
     assert r.status_code == 404 and "KV events" in r.json()["error"]["message"]
     body = (await client.get("/internal/v1/load")).json()
     assert body["kv_blocks_total"] == 0 and body["state"] == "ready"
+
+
+async def test_token_ids_only_when_asked(
+    events_client: tuple[httpx.AsyncClient, KvEventLog],
+) -> None:
+    """Issue 24: a stored block's tokens are a user's prompt; the stream carries its hashes, and
+    the tokens only for a holder of the internal key that asks (the KV-routing follower)."""
+    client, log = events_client
+    log.append(BlockStored((11,), None, (1, 2, 3, 4), 4))
+    (stored,) = (await _lines(client))[1:]
+    assert stored["block_hashes"] == [11] and "token_ids" not in stored
+    (stored,) = (await _lines(client, token_ids="true"))[1:]
+    assert stored["token_ids"] == [1, 2, 3, 4]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import socket
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -94,6 +96,28 @@ async def test_content_length_over_limit(server: ImageServer, client: httpx.Asyn
     server.routes["/big.png"] = Route(body=b"\x89PNG" + b"\0" * 200_000)
     err = await refused(server.url("/big.png"), client)
     assert (err.status_code, err.code) == (400, "image_too_large")
+
+
+@pytest.mark.parametrize("encoding", ["gzip, gzip, gzip", "deflate", "br", "GZIP"])
+async def test_an_encoding_not_asked_for_is_refused_undecoded(
+    server: ImageServer, client: httpx.AsyncClient, encoding: str
+) -> None:
+    """Issue 24: a 3-layer gzip bomb (272 bytes per URL took the gateway to 3.5 GB) is refused
+    from its headers, and nothing is decompressed meanwhile."""
+    bomb = b"\0" * (64 << 20)
+    for _ in range(3):
+        bomb = gzip.compress(bomb, compresslevel=9)
+    assert len(bomb) < 4096
+    server.routes["/bomb.png"] = Route(body=bomb, headers={"Content-Encoding": encoding})
+    tracemalloc.start()
+    try:
+        err = await refused(server.url("/bomb.png"), client)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (err.status_code, err.code) == (400, "invalid_image_format")
+    assert "Content-Encoding" in err.message
+    assert peak < 8 << 20, peak  # decoding one layer of it would take 64 MB
 
 
 async def test_lying_content_length_still_capped(

@@ -85,6 +85,25 @@ async def test_long_prompt_goes_remote() -> None:
     assert events[-1].finish_reason is not None
 
 
+async def test_siblings_get_the_internal_key_and_never_a_client_key() -> None:
+    auths: list[str | None] = []
+    inner, _ = sibling()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/internal/"):
+            auths.append(request.headers.get("authorization"))
+        return inner.handle_request(request)
+
+    _, stats = await run(
+        httpx.MockTransport(handler),
+        max_local_prefill_tokens=8,
+        api_key=["sk-client"],
+        internal_api_key="int-key",
+    )
+    assert stats.outcomes["remote"] == 1
+    assert len(auths) >= 2 and set(auths) == {"Bearer int-key"}  # /info, /prefill
+
+
 async def test_short_prompt_stays_local() -> None:
     transport, seen = sibling()
     _, stats = await run(transport, max_local_prefill_tokens=64)

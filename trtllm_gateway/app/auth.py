@@ -1,8 +1,12 @@
 """API-key auth: `Authorization: Bearer KEY` (or `X-Api-Key`) on every path but the public ones.
 
-Keys come from --api-key (repeatable, comma list, GATEWAY_API_KEY) and --api-key-file. The check
-compares SHA-256 digests with hmac.compare_digest against every key, without an early exit, so
-timing reveals neither a key nor which key matched. Keys and presented tokens are never logged.
+Two credentials, two sets of paths. Client keys (--api-key, repeatable, comma list,
+GATEWAY_API_KEY, and --api-key-file) open the public API. The sibling and router endpoints under
+/internal/ (prefill, KV pulls, encode, KV events, load) take only the internal key
+(--internal-api-key), which siblings present to each other; without one they answer 403, so a
+client of the public port can never read another user's KV or prompt tokens. Each check compares
+SHA-256 digests with hmac.compare_digest against every key, without an early exit, so timing
+reveals neither a key nor which key matched. Keys and presented tokens are never logged.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_gateway.app.errors import error_body
 from trtllm_gateway.config.settings import Settings
+
+INTERNAL_PREFIX = "/internal/"
 
 
 def load_api_keys(settings: Settings) -> list[str]:
@@ -42,8 +48,25 @@ def presented_token(headers: Headers) -> str | None:
     return headers.get("x-api-key") or None
 
 
+def _matches(token: str | None, digests: Sequence[bytes]) -> bool:
+    presented = _digest(token or "")
+    ok = False
+    for digest in digests:
+        ok |= hmac.compare_digest(presented, digest)
+    return ok and token is not None
+
+
+def _refuse(scope: Scope, status: int, message: str, code: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    body = error_body(message, "AuthenticationError", None, code)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
 class ApiKeyMiddleware:
-    """401 with an OpenAI error body unless the request carries one of the keys."""
+    """401 with an OpenAI error body unless the request carries one of the client keys.
+
+    /internal/ paths are InternalKeyMiddleware's: a client key does not open them.
+    """
 
     def __init__(self, app: ASGIApp, keys: Sequence[str], public_paths: Collection[str]) -> None:
         if not keys:
@@ -53,24 +76,40 @@ class ApiKeyMiddleware:
         self._public = frozenset(public_paths)
 
     def authorized(self, token: str | None) -> bool:
-        presented = _digest(token or "")
-        ok = False
-        for digest in self._digests:
-            ok |= hmac.compare_digest(presented, digest)
-        return ok and token is not None
+        return _matches(token, self._digests)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self._public:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in self._public or path.startswith(INTERNAL_PREFIX):
             await self.app(scope, receive, send)
             return
         if self.authorized(presented_token(Headers(scope=scope))):
             await self.app(scope, receive, send)
             return
-        body = error_body(
-            "Invalid or missing API key. Send it as 'Authorization: Bearer KEY'.",
-            "AuthenticationError",
-            None,
-            "invalid_api_key",
-        )
-        response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        await response(scope, receive, send)
+        message = "Invalid or missing API key. Send it as 'Authorization: Bearer KEY'."
+        await _refuse(scope, 401, message, "invalid_api_key")(scope, receive, send)
+
+
+class InternalKeyMiddleware:
+    """/internal/ paths: 403 without --internal-api-key, else 401 unless it is presented."""
+
+    def __init__(self, app: ASGIApp, internal_key: str | None) -> None:
+        self.app = app
+        self._digests = (_digest(internal_key),) if internal_key else ()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(INTERNAL_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        if not self._digests:
+            message = (
+                "The sibling and router endpoints are off: start every instance of the "
+                "deployment with the same --internal-api-key (docs/operations.md)."
+            )
+            await _refuse(scope, 403, message, "internal_endpoints_off")(scope, receive, send)
+            return
+        if _matches(presented_token(Headers(scope=scope)), self._digests):
+            await self.app(scope, receive, send)
+            return
+        message = "This endpoint takes the internal key (--internal-api-key), not a client key."
+        await _refuse(scope, 401, message, "invalid_internal_key")(scope, receive, send)

@@ -79,6 +79,11 @@ class ServiceUnavailableError(GatewayError):
 def error_body(
     message: str, error_type: str, param: str | None = None, code: str | int | None = None
 ) -> dict[str, Any]:
+    # A message may quote the request (a model name): a lone surrogate there would make the
+    # body unencodable, the error a 500. Spelled as \udXXX escapes, it renders.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    if param is not None:
+        param = param.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 

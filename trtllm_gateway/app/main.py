@@ -1,7 +1,8 @@
 """create_app(settings, engine=None): routers, middleware, error handlers, /metrics, the lifespan.
 
 Middleware, outermost first: request context (X-Request-Id, the per-request log line), CORS (only
-with --allowed-origins), HTTP metrics, API keys (only with --api-key), caller-auth forwarding.
+with --allowed-origins), HTTP metrics, API keys (only with --api-key), the internal key (every
+/internal/ path; 403 without --internal-api-key).
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.middleware.cors import CORSMiddleware
 
 from trtllm_gateway.app.admission import Admission
-from trtllm_gateway.app.auth import ApiKeyMiddleware, load_api_keys
+from trtllm_gateway.app.auth import ApiKeyMiddleware, InternalKeyMiddleware, load_api_keys
 from trtllm_gateway.app.drain import Drain
 from trtllm_gateway.app.errors import install_error_handlers
-from trtllm_gateway.app.forwarding import ForwardCallerAuth
 from trtllm_gateway.app.lifespan import create_lifespan
 from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.request_context import HEADER, RequestContextMiddleware
@@ -43,7 +43,11 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     for module in (chat, completions, models, health, disagg, encode, kv_events):
         app.include_router(module.router)
     # add_middleware wraps: the last added runs first.
-    app.add_middleware(ForwardCallerAuth)
+    internal = settings.internal_api_key
+    app.add_middleware(
+        InternalKeyMiddleware,
+        internal_key=internal.get_secret_value() if internal is not None else None,
+    )
     keys = load_api_keys(settings)
     if keys:
         app.add_middleware(ApiKeyMiddleware, keys=keys, public_paths=settings.public_paths)

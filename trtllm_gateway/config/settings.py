@@ -272,6 +272,12 @@ class Settings(BaseSettings):
         description="Accepted bearer keys (repeatable, or a comma list; env GATEWAY_API_KEY).",
     )
     api_key_file: Path | None = Field(None, description="File of API keys, one per line.")
+    internal_api_key: SecretStr | None = Field(
+        None,
+        description="Key of the /internal/v1 sibling and router endpoints (prefill, KV, encode, "
+        "KV events, load), which siblings present to each other; unset: those endpoints answer "
+        "403. Client --api-key values never open them.",
+    )
     public_paths: list[str] = Field(
         default_factory=lambda: ["/health", "/metrics", "/version"],
         description="Paths served without a key when keys are set (every other path needs one).",

@@ -57,8 +57,12 @@ def signed64(value: bytes | int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def event_json(rec: KvEventRecord) -> dict[str, Any]:
-    """One event as JSON (the NDJSON stream's lines): vLLM's field names plus id and time."""
+def event_json(rec: KvEventRecord, token_ids: bool = True) -> dict[str, Any]:
+    """One event as JSON (the NDJSON stream's lines): vLLM's field names plus id and time.
+
+    token_ids=False leaves a BlockStored's tokens out (its hashes stay): the tokens are users'
+    prompts, for a consumer that asked for them only.
+    """
     ev = rec.event
     out: dict[str, Any] = {
         "event_id": rec.event_id,
@@ -70,10 +74,11 @@ def event_json(rec: KvEventRecord) -> dict[str, Any]:
         out |= {
             "block_hashes": list(ev.block_hashes),
             "parent_block_hash": ev.parent_block_hash,
-            "token_ids": list(ev.token_ids),
             "block_size": ev.block_size,
             "lora_id": ev.lora_id,
         }
+        if token_ids:
+            out["token_ids"] = list(ev.token_ids)
     elif isinstance(ev, BlockRemoved):
         out["block_hashes"] = list(ev.block_hashes)
     return out
@@ -88,7 +93,7 @@ def event_from_json(raw: dict[str, Any]) -> KvCacheEvent:
             return BlockStored(
                 block_hashes=tuple(int(h) for h in raw["block_hashes"]),
                 parent_block_hash=None if parent is None else int(parent),
-                token_ids=tuple(int(t) for t in raw["token_ids"]),
+                token_ids=tuple(int(t) for t in raw.get("token_ids", ())),
                 block_size=int(raw["block_size"]),
                 lora_id=raw.get("lora_id"),
                 dp_rank=int(raw.get("dp_rank") or 0),

@@ -60,7 +60,8 @@ class KvFollower:
             await asyncio.sleep(pause)
 
     async def _follow(self) -> float:
-        params = {"after": str(self.last_id)}
+        # The index matches prompts by their tokens; only a holder of the internal key gets them.
+        params = {"after": str(self.last_id), "token_ids": "true"}
         url = f"{self.url}{wire.KV_EVENTS_PATH}"
         timeout = httpx.Timeout(30.0, read=None)
         async with self._client.stream(

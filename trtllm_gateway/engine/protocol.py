@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -295,7 +294,3 @@ class KvEventSource(Protocol):
     TensorRT-LLM with --enable-kv-events. Read by /internal/v1/kv-events and --kv-events-zmq."""
 
     kv_event_log: KvEventLog
-
-
-# The caller's Authorization header, set by the router, forwarded to sibling instances.
-CALLER_AUTHORIZATION: ContextVar[str | None] = ContextVar("caller_authorization", default=None)

@@ -19,7 +19,7 @@ import httpx
 
 from trtllm_gateway.engine.embed_wire import CONTENT_TYPE, EmbedWireError, Frame, decode_frames
 from trtllm_gateway.engine.sibling_wire import ENCODE_PATH
-from trtllm_gateway.engine.siblings import Sibling, SiblingPool, caller_headers
+from trtllm_gateway.engine.siblings import Sibling, SiblingPool, sibling_headers
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +35,11 @@ class RemoteEncodeStats:
 
 
 class RemoteEncoder:
-    def __init__(self, urls: Sequence[str], timeout: float, backoff: float) -> None:
+    def __init__(
+        self, urls: Sequence[str], timeout: float, backoff: float, internal_key: str | None = None
+    ) -> None:
         self.pool = SiblingPool(urls, backoff)
+        self._auth = sibling_headers(internal_key)
         self.timeout = timeout
         self.stats = RemoteEncodeStats()
         self._client: httpx.AsyncClient | None = None
@@ -75,7 +78,7 @@ class RemoteEncoder:
     async def _call(self, sib: Sibling, pixel_frames: Sequence[bytes], layout: str) -> list[Frame]:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout)
-        headers = {"Content-Type": CONTENT_TYPE, **caller_headers()}
+        headers = {"Content-Type": CONTENT_TYPE, **self._auth}
         res = await self._client.post(
             f"{sib.url}{ENCODE_PATH}", content=b"".join(pixel_frames), headers=headers
         )

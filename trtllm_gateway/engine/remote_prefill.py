@@ -1,10 +1,10 @@
 """RemotePrefillEngine: a decode instance's engine that runs context phases on prefill siblings.
 
 generate() decides local or remote (conditional disaggregation), asks a sibling for the context
-phase over HTTP (same token ids, request id and caller auth), pulls the KV blobs when the inner
-engine is the built-in one, and continues decoding on the inner engine. A failing sibling falls
-back to local prefill unless --require-remote-prefill; cancelling the request cancels the
-sibling's work too. Sibling protocol: engine/sibling_wire.py.
+phase over HTTP (same token ids and request id; the internal key as credential), pulls the KV
+blobs when the inner engine is the built-in one, and continues decoding on the inner engine. A
+failing sibling falls back to local prefill unless --require-remote-prefill; cancelling the
+request cancels the sibling's work too. Sibling protocol: engine/sibling_wire.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine import sibling_wire as wire
 from trtllm_gateway.engine.kv_follow import KvFollower
 from trtllm_gateway.engine.protocol import (
-    CALLER_AUTHORIZATION,
     DisaggParams,
     Engine,
     EngineExtras,
@@ -36,7 +35,7 @@ from trtllm_gateway.engine.protocol import (
     TokenEvent,
 )
 from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
-from trtllm_gateway.engine.siblings import Sibling, SiblingPool, caller_headers
+from trtllm_gateway.engine.siblings import Sibling, SiblingPool, sibling_headers
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +74,8 @@ class RemotePrefillEngine:
         self.followers: list[KvFollower] = []  # KV-aware routing (docs/kv_events.md)
         self._client: httpx.AsyncClient | None = None
         self._transport = transport
+        key = settings.internal_api_key
+        self._auth = sibling_headers(key.get_secret_value() if key is not None else None)
 
     @property
     def extras(self) -> EngineExtras:
@@ -90,24 +91,15 @@ class RemotePrefillEngine:
         )
         await self.inner.start()
         self.info = self.inner.info
-        # No caller at start-up: the checks (and the KV event followers) present our own key,
-        # which siblings share, rather than none (a 401 would mark every sibling unhealthy).
-        keys = self.settings.api_key
-        own = f"Bearer {keys[0].get_secret_value()}" if keys else None
-        token = CALLER_AUTHORIZATION.set(own)
-        try:
-            for sib in self.pool.siblings:
-                try:
-                    await self._check(sib)
-                except SiblingError as e:
-                    logger.warning("prefill sibling %s not reachable at start-up: %s", sib.url, e)
-                    self._mark(sib, healthy=False)
-        finally:
-            CALLER_AUTHORIZATION.reset(token)
+        for sib in self.pool.siblings:
+            try:
+                await self._check(sib)
+            except SiblingError as e:
+                logger.warning("prefill sibling %s not reachable at start-up: %s", sib.url, e)
+                self._mark(sib, healthy=False)
         if self.settings.kv_routing and len(self.pool.siblings) > 1:
-            headers = {"Authorization": own} if own else {}
             for sib in self.pool.siblings:
-                self.followers.append(KvFollower(sib.url, sib.kv, self._client, headers))
+                self.followers.append(KvFollower(sib.url, sib.kv, self._client, self._auth))
                 self.followers[-1].start()
 
     async def stop(self) -> None:
@@ -225,7 +217,7 @@ class RemotePrefillEngine:
         with contextlib.suppress(httpx.HTTPError):
             assert self._client is not None
             await asyncio.shield(
-                self._client.delete(f"{sib.url}{wire.kv_path(ctx_id)}", headers=caller_headers())
+                self._client.delete(f"{sib.url}{wire.kv_path(ctx_id)}", headers=self._auth)
             )
 
     async def _check(self, sib: Sibling) -> None:
@@ -259,7 +251,7 @@ class RemotePrefillEngine:
     ) -> httpx.Response:
         assert self._client is not None
         url = f"{sib.url}{path}"
-        headers = caller_headers()
+        headers = dict(self._auth)
         if content is not None:
             headers["Content-Type"] = "application/json"
         try:

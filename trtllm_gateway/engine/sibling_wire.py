@@ -243,6 +243,8 @@ def decode(data: bytes | str, kind: type[T]) -> T:
         raise SiblingWireError(str(e), _field(str(e))) from None
     except msgspec.DecodeError as e:
         raise SiblingWireError(f"malformed JSON: {e}") from None
+    except RecursionError:  # msgspec's own depth guard: 10 000 nested objects in `sampling`
+        raise SiblingWireError("JSON nested too deeply") from None
 
 
 def _field(message: str) -> str | None:

@@ -1,7 +1,7 @@
 """SiblingPool: the sibling instances a gateway offloads work to (remote prefill, remote encode).
 
 Picks the sibling with the fewest outstanding requests (round robin on ties), skips a failed one
-for a backoff period, and forwards the caller's Authorization header. Given a prompt and the
+for a backoff period, and presents the internal key (--internal-api-key). Given a prompt and the
 siblings' prefix indexes (KV-aware routing, docs/kv_events.md), it picks the lowest cost instead:
 
     cost(s) = (prompt tokens - tokens s has cached) + load_weight * tokens queued at s
@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from trtllm_gateway.engine.kv_index import PrefixIndex
-from trtllm_gateway.engine.protocol import CALLER_AUTHORIZATION
 from trtllm_gateway.engine.remote_prefill_stats import KvRoutingStats
 
 
@@ -97,7 +96,7 @@ class SiblingPool:
             sib.queued_tokens -= tokens
 
 
-def caller_headers() -> dict[str, str]:
-    """The caller's Authorization header, to forward to a sibling."""
-    auth = CALLER_AUTHORIZATION.get()
-    return {"Authorization": auth} if auth else {}
+def sibling_headers(internal_key: str | None) -> dict[str, str]:
+    """The credential a sibling's /internal/v1 endpoints take: the shared internal key (never a
+    client's API key, which opens only the public API)."""
+    return {"Authorization": f"Bearer {internal_key}"} if internal_key else {}

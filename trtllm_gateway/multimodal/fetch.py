@@ -19,7 +19,10 @@ from trtllm_gateway.multimodal.errors import (
 )
 from trtllm_gateway.multimodal.ssrf import EgressPolicy, IPAddress, pinned_request
 
-# Images are already compressed; identity keeps the byte cap honest (no gzip bombs).
+# Images are already compressed; identity keeps the byte cap honest (no gzip bombs). httpx
+# decodes whatever Content-Encoding a host sends regardless, a whole chunk at a time on the event
+# loop (`gzip, gzip, gzip` of zeros: 272 bytes became gigabytes), so an encoding that was not
+# asked for is refused from the headers, before a byte is read: nothing here ever decompresses.
 _REQUEST_HEADERS = {
     "Accept": "image/*",
     "Accept-Encoding": "identity",
@@ -135,6 +138,13 @@ def _check_response(response: httpx.Response, max_bytes: int) -> None:
             f"image URL returned content type {mime[:64]!r}, not an image",
             code="invalid_image_format",
         )
+    encodings = [e.strip().lower() for e in response.headers.get_list("content-encoding", True)]
+    if any(e not in ("", "identity") for e in encodings):
+        raise MediaRejectedError(
+            f"image host sent Content-Encoding {', '.join(encodings)[:64]!r}; only identity "
+            "was asked for",
+            code="invalid_image_format",
+        )
     length = response.headers.get("content-length")
     if length is not None and length.strip().isdigit() and int(length) > max_bytes:
         raise _too_big(max_bytes)
@@ -142,6 +152,7 @@ def _check_response(response: httpx.Response, max_bytes: int) -> None:
 
 async def _read_capped(response: httpx.Response, max_bytes: int) -> bytes:
     body = bytearray()
+    # _check_response let only identity through, so httpx's decoder here is a pass-through.
     async for chunk in response.aiter_bytes(_CHUNK):
         body += chunk
         if len(body) > max_bytes:

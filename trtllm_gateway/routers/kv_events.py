@@ -1,11 +1,13 @@
-"""Router-facing endpoints: the engine's KV-cache events and its load (behind the API keys).
+"""Router-facing endpoints: the engine's KV-cache events and its load (behind the internal key).
 
 GET /internal/v1/kv-events?after=N   NDJSON, one JSON object a line: first a Hello (instance,
                                      block size, blocks, next id), a Resync when events after
                                      N were already dropped, then every event with id > N
                                      (engine/kv_events.py's fields), Heartbeat lines while
                                      idle. follow=false ends after the backlog. Resume with
-                                     after=<last event_id seen> (or Last-Event-ID).
+                                     after=<last event_id seen> (or Last-Event-ID). A
+                                     BlockStored carries its token ids (users' prompts) only
+                                     with token_ids=true; by default, hashes only.
 GET /internal/v1/load                running, waiting, KV usage and blocks, admission
 """
 
@@ -42,6 +44,7 @@ async def kv_events(
     state: StateDep,
     after: Annotated[int, Query(ge=-1)] = -1,
     follow: bool = True,
+    token_ids: bool = False,
     heartbeat: Annotated[float, Query(gt=0, le=60)] = 5.0,
     last_event_id: Annotated[int | None, Header(ge=-1)] = None,
 ) -> StreamingResponse:
@@ -65,7 +68,7 @@ async def kv_events(
             if records:
                 for i in range(0, len(records), CHUNK_EVENTS):  # a long backlog in pieces
                     chunk = records[i : i + CHUNK_EVENTS]
-                    yield b"".join(wire.encode_line(event_json(r)) for r in chunk)
+                    yield b"".join(wire.encode_line(event_json(r, token_ids)) for r in chunk)
                 cursor = records[-1].event_id
             elif not follow:
                 return

@@ -23,11 +23,11 @@ def check_common(body: SamplingFields, serving: Serving) -> None:
             "instances; send generation requests to a decode or aggregated instance",
             code="wrong_mode",
         )
+    validation.check_values(body)  # first: later errors may quote a field (a model name)
     if body.model not in (None, serving.model_name, *serving.info.lora_names):
         raise ModelNotFoundError(f"The model `{body.model}` does not exist.", param="model")
     if body.best_of is not None and body.best_of > 1:
         raise BadRequestError("best_of > 1 is not supported.", param="best_of")
-    validation.check_values(body)
     vocab = validation.vocab_bound(serving.info.vocab_size, serving.tokenizer.vocab_size)
     validation.check_sampling_ids(body, vocab)
     if body.model_extra:

@@ -32,7 +32,9 @@ MAX_DEPTH = 128
 # otherwise occupy the engine for minutes. OpenAI's limit on a prompt array is 2048 entries.
 MAX_CHOICES = 2048
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_TOKEN_KEY = re.compile(r"-?[0-9]+")
+# A token id has at most a handful of digits; a longer key is refused before int() (whose
+# 4300-digit limit raised ValueError, a 500) and before it costs quadratic time.
+_TOKEN_KEY = re.compile(r"-?[0-9]{1,12}")
 
 
 def vocab_bound(engine_vocab: int, tokenizer_vocab: int) -> int:

@@ -15,7 +15,9 @@ from trtllm_gateway.engine.protocol import Mode
 
 
 def engine_settings(settings: Settings) -> Settings:
-    """A copy with the API keys dropped: a spawned core never sees the callers' secrets."""
+    """A copy with the client API keys dropped: a spawned core never sees the callers' secrets.
+
+    The internal key stays: the core's remote encoder presents it to encode siblings."""
     return settings.model_copy(update={"api_key": [], "api_key_file": None})
 
 
