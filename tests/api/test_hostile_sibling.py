@@ -71,3 +71,19 @@ async def test_ordinary_sibling_sampling_passes(client: httpx.AsyncClient) -> No
     r = await client.post(URL, json=prefill(**sampling))
     assert r.status_code == 200, r.text
     assert not math.isnan(r.json()["prompt_tokens"])
+
+
+@pytest.mark.parametrize(
+    "guided",
+    [
+        {"kind": "regex", "spec": "a" * 1_300_000},  # past --max-grammar-bytes (64 KiB)
+        {"kind": "regex", "spec": "a+", "start_after": [-5]},
+    ],
+)
+async def test_sibling_grammars_meet_the_public_bounds(
+    client: httpx.AsyncClient, guided: dict[str, Any]
+) -> None:
+    """Issue 24: the sibling path skipped --max-grammar-bytes and took a negative start_after."""
+    r = await client.post(URL, json=prefill(guided=guided))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "sampling"

@@ -24,7 +24,7 @@ from tests.e2e.server import Server
 from tests.e2e.victims import alone, victims
 
 BLOCKS = 64  # x 16 tokens; held hand-offs may take half (--max-held-kv-fraction 0.5)
-EXPIRY_S = 10.0  # long enough for a slow CI between a prefill and its checks
+EXPIRY_S = 300.0  # no hand-off expires mid-test (expiry: tests/unit/test_stepper_handoffs.py)
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +60,14 @@ async def test_a_duplicate_prefill_id_is_refused_and_leaks_nothing(kv_server: Se
         assert first.status_code == 200, first.text
         held = await blocks_used(client, url)
         assert held == 7  # 101 tokens (the prompt and its first token) in blocks of 16
-        again = [
-            client.post(f"{url}/internal/v1/prefill", json=prefill_body("dup", 100, first=2000))
-            for _ in range(2)
-        ]
-        *dups, beside = await asyncio.gather(*again, victims(client, url))
-        for r in dups:
+        beside = asyncio.create_task(victims(client, url))
+        for _ in range(2):
+            again = prefill_body("dup", 100, first=2000)
+            r = await client.post(f"{url}/internal/v1/prefill", json=again)
             assert r.status_code == 400, r.text
             assert "dup" in r.json()["error"]["message"]
-        assert beside == expected
+        assert await blocks_used(client, url) >= held  # the victims may hold some too
+        assert await beside == expected
         assert await blocks_used(client, url) == held  # the refusals took and freed nothing
         r = await client.delete(f"{url}/internal/v1/kv/dup")
         assert r.status_code == 200, r.text
@@ -110,18 +109,3 @@ async def test_a_request_waiting_for_held_blocks_starves_nobody(kv_server: Serve
         assert r.status_code == 200, r.text
         assert await beside == expected
         assert await blocks_used(client, url) == 0
-
-
-async def test_held_kv_expires(kv_server: Server) -> None:
-    url = kv_server.url
-    async with httpx.AsyncClient(timeout=120, headers=INTERNAL_AUTH) as client:
-        r = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("expire", 40))
-        assert r.status_code == 200, r.text
-        t_held = time.monotonic()
-        assert await blocks_used(client, url) == 3
-        while await blocks_used(client, url):
-            assert time.monotonic() - t_held < EXPIRY_S + 10, "the hand-off never expired"
-            await asyncio.sleep(0.5)
-        assert time.monotonic() - t_held >= EXPIRY_S - 1.0
-        gone = await client.get(f"{url}/internal/v1/kv/expire")
-        assert gone.status_code == 404, gone.text

@@ -40,8 +40,14 @@ async def victims(
     return list(await asyncio.gather(*(victim(client, url, p, headers) for p in VICTIM_PROMPTS)))
 
 
+_ALONE: dict[str, list[str]] = {}  # by server URL: greedy answers do not change
+
+
 async def alone(
     client: httpx.AsyncClient, url: str, headers: dict[str, str] | None = None
 ) -> list[str]:
-    """The victims' answers one at a time, nothing beside them: what they must get under attack."""
-    return [await victim(client, url, p, headers) for p in VICTIM_PROMPTS]
+    """The victims' answers one at a time, nothing beside them: what they must get under attack
+    (asked once per server)."""
+    if url not in _ALONE:
+        _ALONE[url] = [await victim(client, url, p, headers) for p in VICTIM_PROMPTS]
+    return list(_ALONE[url])

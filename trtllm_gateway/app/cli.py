@@ -55,6 +55,10 @@ def serve(argv: list[str]) -> int:
         access_log=False,  # RequestContextMiddleware logs one line per request
         # The drain already waited --shutdown-timeout; this only bounds closing what is left.
         timeout_graceful_shutdown=DRAIN_TAIL_S,
+        # h11 bounds the header block it buffers (httptools parses any size: a 128 MB header
+        # took 39 s before auth ran); vLLM bounds it the same way.
+        http="h11",
+        h11_max_incomplete_event_size=settings.max_header_bytes,
     )
     GatewayServer(config, app.state.drain, settings.startup_timeout).run()
     return 0

@@ -1,8 +1,8 @@
 """create_app(settings, engine=None): routers, middleware, error handlers, /metrics, the lifespan.
 
-Middleware, outermost first: request context (X-Request-Id, the per-request log line), CORS (only
-with --allowed-origins), HTTP metrics, API keys (only with --api-key), the internal key (every
-/internal/ path; 403 without --internal-api-key).
+Middleware, outermost first: request context (X-Request-Id, the per-request log line), the body
+limit (--max-body-bytes), CORS (only with --allowed-origins), HTTP metrics, API keys (only with
+--api-key), the internal key (every /internal/ path; 403 without --internal-api-key).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from trtllm_gateway.app.admission import Admission
 from trtllm_gateway.app.auth import ApiKeyMiddleware, InternalKeyMiddleware, load_api_keys
+from trtllm_gateway.app.body_limit import BodyLimitMiddleware
 from trtllm_gateway.app.drain import Drain
 from trtllm_gateway.app.errors import install_error_handlers
 from trtllm_gateway.app.lifespan import create_lifespan
@@ -63,5 +64,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             allow_credentials=settings.allow_credentials,
             expose_headers=[HEADER],
         )
+    # Inside the request context (its log line and X-Request-Id), outside everything that reads.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, quiet_paths=("/health", "/metrics"))
     return app

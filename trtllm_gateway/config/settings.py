@@ -254,6 +254,18 @@ class Settings(BaseSettings):
 
     # --- operations ---------------------------------------------------------------------------
     # Admission, keep-alives, auth, CORS and logs (docs/operations.md).
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="Largest request line plus headers, in bytes; past it the connection gets "
+        "400 and is closed before anything is parsed further (HTTP/1.1 via h11).",
+    )
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body, in bytes (Content-Length or chunked); past it 413 "
+        "before the body is buffered or parsed.",
+    )
     max_queued_requests: int | None = Field(
         None,
         ge=0,

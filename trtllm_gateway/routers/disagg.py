@@ -12,6 +12,7 @@ A prefill takes an admission slot like a generation request (503 + Retry-After w
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -22,7 +23,13 @@ from trtllm_gateway.app.cancel import cancel_on_disconnect
 from trtllm_gateway.app.deps import ServingDep
 from trtllm_gateway.app.errors import BadRequestError, NotFoundError
 from trtllm_gateway.engine import sibling_wire as wire
-from trtllm_gateway.engine.protocol import EngineError, GenerateRequest, KvHandoff
+from trtllm_gateway.engine.guided.compile import check_guided
+from trtllm_gateway.engine.protocol import (
+    EngineError,
+    GenerateRequest,
+    InvalidRequestError,
+    KvHandoff,
+)
 from trtllm_gateway.routers import validation
 
 CHUNK = 1 << 20
@@ -78,6 +85,14 @@ async def prefill(request: Request, serving: ServingDep) -> Response:
             serving.settings.max_logprobs,
         ),
     )
+    guided = req.sampling.guided
+    if guided is not None:  # the public routes' bound and checks hold for a sibling too
+        try:
+            await asyncio.to_thread(
+                check_guided, guided, serving.settings.max_grammar_bytes, param="sampling"
+            )
+        except InvalidRequestError as e:
+            raise BadRequestError(str(e), param="sampling") from None
     # A context phase is engine work like any request: it counts against admission, so an
     # overloaded prefill instance answers 503 and the decode sibling prefills locally.
     slot = serving.admission.reserve(1)

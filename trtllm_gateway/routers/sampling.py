@@ -23,7 +23,10 @@ def check_common(body: SamplingFields, serving: Serving) -> None:
             "instances; send generation requests to a decode or aggregated instance",
             code="wrong_mode",
         )
-    validation.check_values(body)  # first: later errors may quote a field (a model name)
+    # First: later errors may quote a field (a model name); text far past the context is
+    # refused here, before the chat template or the tokenizer spends seconds on it.
+    max_chars = serving.info.max_model_len * validation.MAX_CHARS_PER_TOKEN or None
+    validation.check_values(body, max_chars)
     if body.model not in (None, serving.model_name, *serving.info.lora_names):
         raise ModelNotFoundError(f"The model `{body.model}` does not exist.", param="model")
     if body.best_of is not None and body.best_of > 1:

@@ -31,9 +31,14 @@ MAX_DEPTH = 128
 # Choices one request may start (n x prompts): 200 000 one-token prompts in a 1.2 MB body would
 # otherwise occupy the engine for minutes. OpenAI's limit on a prompt array is 2048 entries.
 MAX_CHOICES = 2048
+# Text that could not fit the context whatever it tokenizes to: tokenizing 10 MB took 85 s
+# before its 400. Generous: a token of a real tokenizer rarely spans more than a few dozen
+# characters (runs of spaces or '=' are the longest).
+MAX_CHARS_PER_TOKEN = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A token id has at most a handful of digits; a longer key is refused before int() (whose
 # 4300-digit limit raised ValueError, a 500) and before it costs quadratic time.
+_PROMPT_ITEM = re.compile(r"prompt\[\d+\]")
 _TOKEN_KEY = re.compile(r"-?[0-9]{1,12}")
 
 
@@ -97,19 +102,36 @@ def check_choice_count(prompts: int, n: int) -> None:
         )
 
 
-def check_values(body: BaseModel) -> None:
+def check_values(body: BaseModel, max_text_chars: int | None = None) -> None:
     """A 400 naming the field for a lone surrogate in any string (or object key) of the
-    request, or for nesting deeper than MAX_DEPTH."""
+    request, or for nesting deeper than MAX_DEPTH; and a 400 when the request's text (every
+    string but image URLs; each element of a completions prompt list on its own, as each is
+    its own prompt) is longer than max_text_chars, before anything tokenizes it."""
+    chars: dict[str, int] = {}
     for path, value, depth in _walk(body):
         if depth > MAX_DEPTH:
             raise BadRequestError(
                 f"{_param(path) or 'body'} is nested more than {MAX_DEPTH} levels deep.",
                 param=_param(path),
             )
-        if isinstance(value, str) and _SURROGATE.search(value):
+        if not isinstance(value, str):
+            continue
+        if _SURROGATE.search(value):
             raise BadRequestError(
                 f"{_printable(path)} holds a lone UTF-16 surrogate (not valid Unicode).",
                 param=_param(path),
+            )
+        if "image_url" in path:
+            continue
+        group = _PROMPT_ITEM.match(path)
+        key = group.group(0) if group else ""
+        chars[key] = chars.get(key, 0) + len(value)
+        if max_text_chars is not None and chars[key] > max_text_chars:
+            raise BadRequestError(
+                f"the request's text is longer than {max_text_chars} characters, more than "
+                "the model's context could hold; it was not tokenized.",
+                param=_param(path),
+                code="context_length_exceeded",
             )
 
 
