@@ -14,9 +14,12 @@ from typing import Any
 import openai
 import pytest
 
+from tests.e2e.ops_client import INTERNAL_KEY
 from tests.e2e.server import Server
 from tests.engine.tiny_llava import build_tiny_llava, sample_images
 from tests.standin import standin_env
+
+INTERNAL = ["--internal-api-key", INTERNAL_KEY]  # the encoder's /internal/ takes only it
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,7 @@ def llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def encoder(llava: Path, log_dir: Path) -> Iterator[Server]:
-    args = ["--engine", "trtllm", "--mode", "encode", "--model", str(llava)]
+    args = ["--engine", "trtllm", "--mode", "encode", "--model", str(llava), *INTERNAL]
     srv = Server(args=args, env=standin_env()).start(log_dir)
     yield srv
     assert srv.stop() == 0, srv.log()
@@ -34,7 +37,7 @@ def encoder(llava: Path, log_dir: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def aggregated(llava: Path, encoder: Server, log_dir: Path) -> Iterator[Server]:
-    args = ["--engine", "trtllm", "--model", str(llava), "--encode-url", encoder.url]
+    args = ["--engine", "trtllm", "--model", str(llava), "--encode-url", encoder.url, *INTERNAL]
     srv = Server(args=args, env=standin_env()).start(log_dir)
     yield srv
     assert srv.stop() == 0, srv.log()

@@ -45,7 +45,9 @@ def llava_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def encode_app(llava_dir: Path) -> AsyncIterator[httpx.ASGITransport]:
-    settings = Settings(engine="trtllm", model=str(llava_dir), mode="encode")
+    settings = Settings(
+        engine="trtllm", model=str(llava_dir), mode="encode", internal_api_key="int-key"
+    )
     app = create_app(settings, engine=TrtllmEncodeEngine(settings))
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
@@ -93,7 +95,14 @@ async def test_aggregated_instance_feeds_the_siblings_embeddings(
     """The images go to the encode sibling; its embeddings reach generate_async as
     multi_modal_embeddings, and the answer equals encoding locally."""
     local = TrtllmEngine(Settings(engine="trtllm", model=str(llava_dir)))
-    remote = TrtllmEngine(Settings(engine="trtllm", model=str(llava_dir), encode_url=["http://e"]))
+    remote = TrtllmEngine(
+        Settings(
+            engine="trtllm",
+            model=str(llava_dir),
+            encode_url=["http://e"],
+            internal_api_key="int-key",
+        )
+    )
     await local.start()
     await remote.start()
     assert remote._remote_encode is not None

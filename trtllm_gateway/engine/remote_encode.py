@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.embed_wire import CONTENT_TYPE, EmbedWireError, Frame, decode_frames
 from trtllm_gateway.engine.sibling_wire import ENCODE_PATH
 from trtllm_gateway.engine.siblings import Sibling, SiblingPool, sibling_headers
@@ -35,6 +36,13 @@ class RemoteEncodeStats:
 
 
 class RemoteEncoder:
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RemoteEncoder:
+        """--encode-url's siblings, presenting --internal-api-key (/internal/ takes only it)."""
+        key = settings.internal_api_key
+        secret = key.get_secret_value() if key is not None else None
+        return cls(settings.encode_url, settings.encode_timeout, settings.sibling_backoff, secret)
+
     def __init__(
         self, urls: Sequence[str], timeout: float, backoff: float, internal_key: str | None = None
     ) -> None:

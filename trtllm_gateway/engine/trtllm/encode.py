@@ -121,9 +121,7 @@ class RemoteEmbeddings:
     """A TrtllmEngine's --encode-url client: images -> embedding tensors, or None (encode here)."""
 
     def __init__(self, settings: Settings, model_dir: Path) -> None:
-        self.remote = RemoteEncoder(
-            settings.encode_url, settings.encode_timeout, settings.sibling_backoff
-        )
+        self.remote = RemoteEncoder.from_settings(settings)
         self._model_dir = model_dir
         self._layout = ""
 

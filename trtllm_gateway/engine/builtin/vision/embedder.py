@@ -33,13 +33,7 @@ logger = logging.getLogger(__name__)
 def create_embedder(encoder: VisionEncoder, settings: Settings) -> ImageEmbedder:
     remote = None
     if settings.encode_url:
-        key = settings.internal_api_key
-        remote = RemoteEncoder(
-            settings.encode_url,
-            settings.encode_timeout,
-            settings.sibling_backoff,
-            key.get_secret_value() if key is not None else None,
-        )
+        remote = RemoteEncoder.from_settings(settings)
     return ImageEmbedder(encoder, EmbeddingCache(settings.vision_embed_cache_bytes), remote)
 
 
