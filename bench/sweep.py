@@ -148,7 +148,11 @@ def with_urls(grid: Grid, urls: list[str]) -> Grid:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="trtllm-gateway bench sweep",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--grid", type=Path, default=DEFAULT_GRID, help="grid YAML")
     p.add_argument("--out", type=Path, default=Path("sweep-results"), help="result directory")
     p.add_argument("--loadgen", choices=LOADGENS, default="builtin")

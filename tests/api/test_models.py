@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
@@ -9,13 +11,17 @@ import pytest
 from tests.conftest import MAX_MODEL_LEN, MODEL
 
 
-async def test_list_models(client: httpx.AsyncClient) -> None:
+async def test_list_models(client: httpx.AsyncClient, tokenizer_dir: Path) -> None:
+    expected_root = str(tokenizer_dir.resolve())  # noqa: ASYNC240 - a test fixture's path
     r = await client.get("/v1/models")
     assert r.status_code == 200
     body = r.json()
     assert body["object"] == "list"
     assert [m["id"] for m in body["data"]] == [MODEL]
     assert body["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    # the tokenizer's directory, as vLLM puts the model path in root: what AIPerf's and
+    # guidellm's --tokenizer / --processor take
+    assert body["data"][0]["root"] == expected_root
 
 
 async def test_get_model(client: httpx.AsyncClient) -> None:

@@ -193,7 +193,8 @@ def test_config_check_usage(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_config_show_takes_serve_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--model", "/m", "--mode", "decode", "--override-engine-args", '{"max_batch_size": 8}']
+    argv = ["--engine", "trtllm", "--model", "/m", "--mode", "decode"]
+    argv += ["--override-engine-args", '{"max_batch_size": 8}']
     assert main_show(argv) == 0
     out = capsys.readouterr().out
     assert "max_batch_size: 8" in out

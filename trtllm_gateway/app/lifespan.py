@@ -56,6 +56,7 @@ async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
         state.tokenizer = await asyncio.to_thread(
             Tokenizer.from_dir, path, state.settings.chat_template
         )
+        state.tokenizer_path = str(path.resolve())
         _bind_metrics(state, extras)
         logger.info("ready: model %s (tokenizer from %s)", state.model_name, path)
     except Exception as exc:

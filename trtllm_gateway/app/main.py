@@ -32,7 +32,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     `app.state.drain` is the app's Drain; the server (app/server.py) runs it on SIGTERM.
     """
     admission = Admission(settings.max_batch_size, settings.max_queued_requests)
-    metrics = GatewayMetrics(CollectorRegistry(), admission)
+    metrics = GatewayMetrics(CollectorRegistry(), admission, settings.metrics_prefix)
     drain = Drain(admission, settings.shutdown_timeout)
     app = FastAPI(
         title="trtllm-gateway",

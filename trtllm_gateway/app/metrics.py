@@ -1,9 +1,13 @@
-"""Prometheus collectors (vLLM's names under the trtllm_gateway: prefix) and per-request recording.
+"""Prometheus collectors (vLLM's names, under trtllm_gateway: or --metrics-prefix) and
+per-request recording.
 
 One CollectorRegistry per app, so several apps in one process do not collide. Gauges are read
 from engine.health() at scrape time; histograms and counters are fed by RequestRecorder. The
 admission counters, multimodal.MediaMetrics and engine RemotePrefillStats are plain objects read
 at scrape time too (app/ops_collectors.py), so nothing below the app layer knows prometheus.
+Every series vLLM's example Grafana dashboard queries is here (deploy/grafana/, tested against a
+live /metrics). No `*_created` series: vLLM turned them off too (disable_created_metrics in its
+engine/metrics.py); Prometheus detects counter resets itself.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ import collections
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from trtllm_gateway.app import request_context
 from trtllm_gateway.app.admission import Admission
+from trtllm_gateway.app.metric_names import PREFIX, RenamedCollector
 from trtllm_gateway.app.ops_collectors import (
     AdmissionCollector,
     MediaCollector,
@@ -28,7 +33,6 @@ from trtllm_gateway.engine.protocol import EngineHealth, FinishReason, TokenEven
 from trtllm_gateway.engine.remote_prefill_stats import KvRoutingStats, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
 
-PREFIX = "trtllm_gateway:"
 _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -73,6 +77,8 @@ class _EngineCollector(Collector):
 
 
 _HIT_TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
+# Tokens per request: vLLM's 1-2-5 series (build_1_2_5_buckets), here up to 1M tokens.
+_TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))[:-2]
 
 
 class _KvRoutingCollector(Collector):
@@ -114,8 +120,14 @@ class _KvRoutingCollector(Collector):
 class GatewayMetrics:
     """Every engine/request metric of one app, registered in its own registry."""
 
-    def __init__(self, registry: CollectorRegistry, admission: Admission | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, admission: Admission | None = None, prefix: str = PREFIX
+    ) -> None:
+        """`registry` is the one /metrics exposes; the engine metrics live in a registry of
+        their own, renamed to `prefix` on the way out (app/metric_names.py)."""
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide, as vLLM does
         self.registry = registry
+        inner = CollectorRegistry()
         self._health: Callable[[], EngineHealth] | None = None
         self.model_name = ""
         self.admission = admission or Admission(running=1, queued=None)
@@ -127,10 +139,10 @@ class GatewayMetrics:
         label = ["model_name"]
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(PREFIX + name, doc, label, registry=registry, buckets=buckets)
+            return Histogram(PREFIX + name, doc, label, registry=inner, buckets=buckets)
 
         def counter(name: str, doc: str, labels: list[str] = label) -> Counter:
-            return Counter(PREFIX + name, doc, labels, registry=registry)
+            return Counter(PREFIX + name, doc, labels, registry=inner)
 
         self.ttft = histogram(
             "time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS
@@ -140,6 +152,22 @@ class GatewayMetrics:
         self.queue = histogram("request_queue_time_seconds", "Time queued.", _LATENCY_BUCKETS)
         self.prefill = histogram("request_prefill_time_seconds", "Prefill time.", _LATENCY_BUCKETS)
         self.decode = histogram("request_decode_time_seconds", "Decode time.", _LATENCY_BUCKETS)
+        self.tpot = histogram(
+            "request_time_per_output_token_seconds",
+            "Per request: time from the first token to the last over the tokens after the first.",
+            _ITL_BUCKETS,
+        )
+        self.request_prompt_tokens = histogram(
+            "request_prompt_tokens", "Prompt tokens per request.", _TOKEN_BUCKETS
+        )
+        self.request_generation_tokens = histogram(
+            "request_generation_tokens", "Generated tokens per request.", _TOKEN_BUCKETS
+        )
+        self.max_generation_tokens = histogram(
+            "request_max_num_generation_tokens",
+            "Per HTTP request: the most tokens one of its choices generated.",
+            _TOKEN_BUCKETS,
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of the requests that ended.")
         self.generation_tokens = counter("generation_tokens", "Generation tokens produced.")
         self.success = counter(
@@ -148,14 +176,15 @@ class GatewayMetrics:
         self.disconnects = Counter(
             PREFIX + "http_requests_client_disconnected",
             "Clients that disconnected before their response ended.",
-            registry=registry,
+            registry=inner,
         )
-        registry.register(_EngineCollector(self._read_health, lambda: self.model_name))
-        registry.register(AdmissionCollector(self.admission))
-        registry.register(MediaCollector(self.media))
-        registry.register(self._remote_prefill)
-        registry.register(self._remote_encode)
-        registry.register(self._kv_routing)
+        inner.register(_EngineCollector(self._read_health, lambda: self.model_name))
+        inner.register(AdmissionCollector(self.admission))
+        inner.register(MediaCollector(self.media))
+        inner.register(self._remote_prefill)
+        inner.register(self._remote_encode)
+        inner.register(self._kv_routing)
+        registry.register(RenamedCollector(inner, prefix))
 
     def bind_engine(self, health: Callable[[], EngineHealth], model_name: str) -> None:
         self._health = health
@@ -179,17 +208,37 @@ class GatewayMetrics:
     def client_disconnected(self) -> None:
         self.disconnects.inc()
 
-    def recorder(self, arrival: float) -> RequestRecorder:
-        return RequestRecorder(self, arrival)
+    def recorders(self, arrival: float, count: int) -> list[RequestRecorder]:
+        """One recorder per engine request of one HTTP request (its choices)."""
+        group = _Group(self.max_generation_tokens.labels(self.model_name), count)
+        return [RequestRecorder(self, arrival, group) for _ in range(count)]
+
+
+class _Group:
+    """The choices of one HTTP request: the most tokens one generated, once all have ended."""
+
+    def __init__(self, histogram: Histogram, count: int) -> None:
+        self._histogram = histogram
+        self._left = count
+        self._most = 0
+
+    def ended(self, generated: int) -> None:
+        self._most = max(self._most, generated)
+        self._left -= 1
+        if self._left == 0:
+            self._histogram.observe(self._most)
 
 
 class RequestRecorder:
     """Timing of one engine request, measured from HTTP arrival (like vLLM's TTFT)."""
 
-    def __init__(self, metrics: GatewayMetrics, arrival: float) -> None:
+    def __init__(self, metrics: GatewayMetrics, arrival: float, group: _Group) -> None:
         self._m = metrics
         self._arrival = arrival
+        self._group = group
+        self._first: float | None = None
         self._last: float | None = None
+        self._generated = 0
         self._done = False
         # The request's log context (shared by its choices): model, tokens, TTFT, finish.
         self._ctx = request_context.current()
@@ -205,6 +254,7 @@ class RequestRecorder:
         model = self._m.model_name
         ctx = self._ctx
         if self._last is None:
+            self._first = now
             ttft = now - self._arrival
             self._m.ttft.labels(model).observe(ttft)
             if ctx is not None and (ctx.ttft_s is None or ttft < ctx.ttft_s):
@@ -213,6 +263,7 @@ class RequestRecorder:
             self._itl.observe(now - self._last)
         self._last = now
         if event.token_ids:
+            self._generated += len(event.token_ids)
             self._generation_tokens.inc(len(event.token_ids))
             if ctx is not None:
                 ctx.completion_tokens += len(event.token_ids)
@@ -231,6 +282,14 @@ class RequestRecorder:
         self._m.prompt_tokens.labels(model).inc(prompt_tokens)
         if self._ctx is not None:
             self._ctx.prompt_tokens += prompt_tokens
+        self._m.request_prompt_tokens.labels(model).observe(prompt_tokens)
+        self._m.request_generation_tokens.labels(model).observe(self._generated)
+        self._group.ended(self._generated)
+        # vLLM's mean time per output token: decode time over the tokens after the first.
+        tpot = 0.0
+        if self._first is not None and self._last is not None and self._generated > 1:
+            tpot = (self._last - self._first) / (self._generated - 1)
+        self._m.tpot.labels(model).observe(tpot)
         self._m.success.labels(model, reason or "abort").inc()
         if self._ctx is not None:
             self._ctx.finish_reasons.append(reason or "abort")

@@ -22,6 +22,9 @@ class State:
     metrics: GatewayMetrics
     http: httpx.AsyncClient
     tokenizer: Tokenizer | None = None
+    # The local directory the tokenizer came from: /v1/models `root`, as vLLM puts the model
+    # path there, so clients that tokenize locally (AIPerf, guidellm) can find it.
+    tokenizer_path: str | None = None
     start_error: str | None = None
     draining: bool = False
     # Decoded images by content hash (multimodal/); its counters are metrics.media.

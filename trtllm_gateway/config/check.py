@@ -2,7 +2,8 @@
 
 check: validates each engine-args YAML against the TensorRT-LLM 1.2 schema, layered over the
 built-in defaults and the default flags exactly as serve would, and prints the merged args.
-show: builds Settings from the same flags serve takes and prints the final merged LLM args.
+show: builds Settings from the same flags serve takes and prints what the chosen engine gets:
+the final merged LLM args for `--engine trtllm`, the built-in engine's settings otherwise.
 Both print errors as one line on stderr and return 1 (2 for bad usage); never a traceback.
 """
 
@@ -45,13 +46,29 @@ def main_check(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+# The Settings fields the built-in engine reads (engine/builtin/config.py, its loader, KV cache
+# and scheduler); `config show` prints them for --engine builtin.
+BUILTIN_FIELDS = (
+    "model", "served_model_name", "tokenizer", "load_format", "cache_dir", "mode", "device",
+    "dtype", "max_model_len", "max_batch_size", "max_num_tokens", "block_size", "num_kv_blocks",
+    "kv_cache_fraction", "enable_prefix_caching", "cuda_graphs", "stream_interval",
+    "quantization", "packed_weights", "seed", "engine_process",
+)  # fmt: skip
+
+
 def main_show(argv: list[str]) -> int:
-    """Print the final LLM args `serve --engine trtllm <argv>` would build, as YAML."""
+    """Print, as YAML, what `serve <argv>` would hand its engine: the final LLM args for
+    --engine trtllm, the built-in (or fake) engine's settings otherwise."""
     try:
         settings = Settings(_cli_parse_args=argv, _cli_exit_on_error=False)
     except (ValidationError, SystemExit, ValueError) as exc:
         _err(f"error: {_first_line(exc)}")
         return 2
+    if settings.engine != "trtllm":
+        shown = settings.model_dump(mode="json", include=set(BUILTIN_FIELDS))
+        _out(f"# --engine {settings.engine}\n")
+        _out(dump_args(shown))
+        return 0
     try:
         merged = resolve_trtllm_args(settings)
     except EngineArgsError as exc:

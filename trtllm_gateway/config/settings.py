@@ -305,6 +305,12 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per log line."
     )
+    metrics_prefix: str = Field(
+        "trtllm_gateway:",
+        pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$",
+        description="Prefix of the engine metrics on /metrics; 'vllm:' serves vLLM's own names, "
+        "for vLLM's Grafana dashboards (deploy/grafana/).",
+    )
 
     @model_validator(mode="after")
     def _check_int8_activations(self) -> Settings:

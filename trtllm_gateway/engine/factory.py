@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.protocol import Engine
 
@@ -29,6 +31,12 @@ def preflight(settings: Settings) -> None:
         from trtllm_gateway.engine.trtllm.loader import preflight as trtllm_preflight
 
         trtllm_preflight(settings)
+    if settings.engine == "fake" and not Path(settings.tokenizer or settings.model).is_dir():
+        # The fake engine has no model to take a tokenizer from: without one the server would
+        # stay up answering /health 503 engine_dead.
+        raise ValueError(
+            "--engine fake needs a tokenizer directory: --tokenizer DIR (or --model DIR)"
+        )
 
 
 def _create_local(settings: Settings) -> Engine:

@@ -93,9 +93,10 @@ class GenerationRun:
         """Parse the request (its choices), start every choice, answer: SSE or one JSON body."""
         renderer = await parse(self)
         serving = self.serving
+        recorders = serving.metrics.recorders(self.arrival, len(self.choices))
         streams = [
-            choice_stream(serving.engine, c, serving.metrics.recorder(self.arrival))
-            for c in self.choices
+            choice_stream(serving.engine, c, recorder)
+            for c, recorder in zip(self.choices, recorders, strict=True)
         ]
         items = merge(streams)
         headers = {"X-Request-Id": self.request_id}

@@ -1,0 +1,100 @@
+"""Small CLI and Makefile behaviours users hit first: config show per engine, bench sweep's usage
+line, `make serve PORT=`, `--engine fake` without a tokenizer, `make bench` leaving the tracked
+docs alone."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trtllm_gateway.app.cli import main
+from trtllm_gateway.config.check import BUILTIN_FIELDS, main_show
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_config_show_builtin_prints_the_builtin_settings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main_show(["--engine", "builtin", "--max-batch-size", "8", "--block-size", "32"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# --engine builtin\n")
+    shown = yaml.safe_load(out)
+    assert set(shown) == set(BUILTIN_FIELDS)
+    assert shown["max_batch_size"] == 8 and shown["block_size"] == 32
+    assert "cache_transceiver_config" not in out and "backend" not in shown
+    assert main_show(["--engine", "trtllm", "--model", "/m"]) == 0  # TensorRT-LLM: its LLM args
+    assert "backend: pytorch" in capsys.readouterr().out
+
+
+def test_bench_sweep_help_names_the_command() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "trtllm_gateway", "bench", "sweep", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert r.stdout.startswith("usage: trtllm-gateway bench sweep ")
+
+
+@pytest.mark.parametrize(
+    ("make_args", "port"), [([], "8000"), (["PORT=9123"], "9123"), (["PORT=0"], "0")]
+)
+def test_make_serve_port(make_args: list[str], port: str) -> None:
+    """`make -n` prints the serve command line without running anything: one --port, PORT's."""
+    r = subprocess.run(
+        ["make", "-n", "-o", "model", "serve", *make_args, "ARGS=--max-batch-size 8"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    line = next(x for x in r.stdout.splitlines() if "trtllm-gateway serve" in x)
+    args = line.split()
+    assert args.count("--port") == 1 and args[args.index("--port") + 1] == port
+    assert "--max-batch-size" in args
+
+
+def test_fake_engine_without_a_tokenizer_refuses_to_start(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It used to stay up with /health 503 engine_dead while /v1/models answered 200."""
+    monkeypatch.delenv("GATEWAY_MODEL", raising=False)
+    assert main(["serve", "--engine", "fake", "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "--engine fake needs a tokenizer directory" in err and err.count("\n") == 1
+
+
+def test_make_bench_writes_results_elsewhere(tmp_path: Path) -> None:
+    """bench.run's default output is bench-results/, a copy of docs/benchmarks.md with the new
+    sections; the tracked file changes only with --doc docs/benchmarks.md."""
+    doc = ROOT / "docs" / "benchmarks.md"
+    before = hashlib.sha256(doc.read_bytes()).hexdigest()
+    summary = tmp_path / "gpu.md"
+    summary.write_text("GPU SUMMARY MARKER\n")
+    out = tmp_path / "work"
+    out.mkdir()
+    (out / "docs").mkdir()
+    (out / "docs" / "benchmarks.md").write_bytes(doc.read_bytes())
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(
+        [sys.executable, "-m", "bench.run", "--skip-cpu", "--gpu-summary", str(summary)],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    written = (out / "bench-results" / "benchmarks.md").read_text()
+    assert "GPU SUMMARY MARKER" in written
+    assert (out / "docs" / "benchmarks.md").read_bytes() == doc.read_bytes()
+    assert hashlib.sha256(doc.read_bytes()).hexdigest() == before
