@@ -283,6 +283,6 @@ def test_readme_aiperf_and_guidellm_block_runs(vllm_server: Server, tmp_path: Pa
     )
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     aiperf = json.loads((tmp_path / "aiperf" / "profile_export_aiperf.json").read_text())
-    assert aiperf["request_count"]["avg"] == 8  # the README's --request-count
+    assert aiperf["request_count"]["avg"] == 4  # the README's --request-count
     guidellm = json.loads((tmp_path / "guidellm" / "benchmarks.json").read_text())
     assert guidellm["benchmarks"], guidellm.keys()
