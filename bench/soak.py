@@ -1,6 +1,8 @@
 """Bounded soak (`make soak`, not in CI): many requests at a fixed concurrency with random client
 cancels against a real built-in-engine server; pass = 0 server errors, RSS flat within 10% after
-warm-up, no KV blocks or requests left in the engine at the end.
+warm-up, no KV blocks or requests left in the engine at the end, no descriptors left open past
+the start (the gateway and its engine core), and, when it started the server, no process and no
+ipc:// socket directory (gateway-core-* in its private TMPDIR) left after the server's exit.
 
     python -m bench.soak [--requests 10000] [--concurrency 64] [--cancel-rate 0.2]
                          [--max-tokens 32] [--url URL --pid PID] [-- serve flags...]
@@ -24,6 +26,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -105,6 +108,12 @@ async def _sample_rss(pid: int, samples: list[tuple[int, float]], tally: Tally) 
         await asyncio.sleep(1.0)
 
 
+def _fds(pid: int) -> int:
+    """Open descriptors of the server and its children (the engine core)."""
+    proc = psutil.Process(pid)
+    return sum(p.num_fds() for p in (proc, *proc.children(True)))
+
+
 async def _wait_idle(
     client: httpx.AsyncClient, url: str, limit_s: float = 30.0
 ) -> dict[str, float]:
@@ -143,6 +152,7 @@ async def soak(args: Any, url: str, pid: int) -> dict[str, Any]:
     tally = Tally()
     samples: list[tuple[int, float]] = []
     limits = httpx.Limits(max_connections=args.concurrency + 8)
+    fds_before = _fds(pid)
     t0 = time.monotonic()
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         sampler = asyncio.create_task(_sample_rss(pid, samples, tally))
@@ -162,6 +172,8 @@ async def soak(args: Any, url: str, pid: int) -> dict[str, Any]:
             await sampler
         idle = await _wait_idle(client, url)
     leaked = idle["kv_cache_usage_perc"] > 0 or idle["num_requests_running"] > 0
+    await asyncio.sleep(2.0)  # closed connections' sockets go away
+    fds_after = _fds(pid)
     summary: dict[str, Any] = {
         "requests": args.requests,
         "concurrency": args.concurrency,
@@ -175,21 +187,36 @@ async def soak(args: Any, url: str, pid: int) -> dict[str, Any]:
         "transport_errors": tally.transport_errors,
         "idle_after": idle,
         "leaked_kv": leaked,
+        "fds_before_after": [fds_before, fds_after],
         **_rss_verdict(samples, args.requests),
     }
     summary["passed"] = (
         summary["server_errors"] == 0
         and tally.transport_errors == 0
         and not leaked
+        and fds_after <= fds_before + 4  # a few idle keep-alive sockets may remain
         and summary.get("rss_flat") is not False
     )
     return summary
 
 
-def _start_server(port: int, serve_args: list[str]) -> subprocess.Popen[bytes]:
+def _start_server(port: int, serve_args: list[str], tmp: str) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "trtllm_gateway", "serve", "--port", str(port), *serve_args]
     log = open(os.environ.get("SOAK_LOG", "/tmp/trtllm-gateway-soak.log"), "wb")  # noqa: SIM115
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
+    env = {**os.environ, "TMPDIR": tmp}  # its socket directory is found (or not) here
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, env=env)
+
+
+def _left_behind(children: list[int], tmp: str) -> dict[str, Any]:
+    """What outlived the server: its processes and socket directories (after a short grace)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [c for c in children if psutil.pid_exists(c)]
+        dirs = [p.name for p in Path(tmp).glob("gateway-core-*")]
+        if not alive and not dirs:
+            break
+        time.sleep(0.2)
+    return {"processes_left": alive, "socket_dirs_left": dirs}
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
@@ -219,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pid", type=int)
     args = p.parse_args(own)
     proc = None
+    children: list[int] = []
+    tmp = tempfile.mkdtemp(prefix="soak-")
     if args.url:
         url, pid = args.url.rstrip("/"), args.pid or 0
         if not pid:
@@ -226,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = _start_server(port, serve_args or ["--num-kv-blocks", "1024"])
+        proc = _start_server(port, serve_args or ["--num-kv-blocks", "1024"], tmp)
         pid = proc.pid
         _wait_ready(url, proc)
+        children = [c.pid for c in psutil.Process(pid).children(True)]
     try:
         summary = asyncio.run(soak(args, url, pid))
     finally:
@@ -236,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)
     if proc is not None:
-        summary["server_exit_code"] = code
-        summary["passed"] = summary["passed"] and code == 0
+        left = _left_behind(children, tmp)
+        summary |= {"server_exit_code": code, **left}
+        clean = not left["processes_left"] and not left["socket_dirs_left"]
+        summary["passed"] = summary["passed"] and code == 0 and clean
     sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     return 0 if summary["passed"] else 1
 

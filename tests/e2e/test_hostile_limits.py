@@ -6,8 +6,10 @@ answers: a 1 MB header block is refused before it is parsed further (h11 buffers
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import time
+from pathlib import Path
 
 import httpx
 
@@ -54,3 +56,17 @@ async def test_an_endless_chunked_body_is_a_413_beside_victims(server: Server) -
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         assert b"larger than" in answer
         assert await beside == expected
+
+
+def test_a_killed_gateway_leaves_no_socket_directory(log_dir: Path, tmp_path: Path) -> None:
+    """Issue 24, item 8: after a SIGKILL of the gateway its engine core exits (no orphan) and
+    removes the ipc:// directory the gateway can no longer remove (/tmp/gateway-core-*)."""
+    srv = Server(args=["--num-kv-blocks", "64"], env={"TMPDIR": str(tmp_path)}).start(log_dir)
+    assert srv.proc is not None
+    assert [p.name for p in tmp_path.glob("gateway-core-*")], "the core's sockets live here"
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait(10)
+    deadline = time.monotonic() + 30
+    while list(tmp_path.glob("gateway-core-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not list(tmp_path.glob("gateway-core-*")), srv.log()

@@ -32,7 +32,7 @@ from trtllm_gateway.engine.builtin.front import follow, prefill_result
 from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core import shm_blob
 from trtllm_gateway.engine.core.launch import Launcher
-from trtllm_gateway.engine.core.loop import Addresses
+from trtllm_gateway.engine.core.loop import SOCKET_DIR_PREFIX, Addresses
 from trtllm_gateway.engine.kv_events import KvEventLog, event_from_json
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
@@ -308,7 +308,7 @@ class CoreClient:
 
     def _bind(self) -> Addresses:
         if self.launcher.transport == "ipc":
-            self._dir = tempfile.mkdtemp(prefix="gateway-core-")
+            self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
             base = f"ipc://{self._dir}/"
         else:
             base = f"inproc://core-{id(self)}-"

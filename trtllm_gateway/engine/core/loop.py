@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 PROBE_POLL_MS = 200
 SHARED_KEPT = 256  # recent shared memory segments a core cleans up if it dies with them out
+PARENT_GONE = 1  # the exit status when the gateway died without a Stop
+SOCKET_DIR_PREFIX = "gateway-core-"  # the client's ipc:// directory under the temp dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,8 @@ def run_core(
         probe.start()
         try:
             status = _serve(core, inbox, outbox, parent_sentinel, shared)
+            if status == PARENT_GONE and parent_sentinel is not None:
+                _remove_socket_dir(addrs)
             return status
         except Exception as e:  # a loop bug: still tell the client, which fails its streams
             logger.exception("engine core loop failed")
@@ -136,7 +142,7 @@ def _serve(
         ready = dict(poller.poll(timeout_ms))
         if parent is not None and parent in ready:
             logger.warning("the gateway process is gone; the engine core exits")
-            return 1
+            return PARENT_GONE
         _drain_inbox(core, inbox, outbox, shared)
         if core.stopping:
             outbox.send(m.encode(core.batch()))
@@ -166,6 +172,19 @@ def _changed(batch: m.OutputBatch, last: m.OutputBatch) -> bool:
         or batch.health != last.health
         or batch.remote_encode != last.remote_encode
     )
+
+
+def _remove_socket_dir(addrs: Addresses) -> None:
+    """A gateway killed with SIGKILL never removes its ipc:// directory (/tmp/gateway-core-*):
+    its orphaned core, the last one using it, does."""
+    paths = [a.removeprefix("ipc://") for a in (addrs.inbox, addrs.outbox, addrs.probe)]
+    if not all(a.startswith("ipc://") for a in (addrs.inbox, addrs.outbox, addrs.probe)):
+        return
+    folders = {os.path.dirname(p) for p in paths}
+    if len(folders) == 1:
+        folder = folders.pop()
+        if os.path.basename(folder).startswith(SOCKET_DIR_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _drain_inbox(
