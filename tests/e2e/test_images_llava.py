@@ -20,7 +20,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from PIL import Image
 
-from tests.e2e.ops_client import INTERNAL_KEY
+from tests.e2e.ops_client import INTERNAL_AUTH, INTERNAL_KEY
 from tests.e2e.server import Server
 from tests.engine.tiny_llava import build_tiny_llava
 from tests.unit.test_media_server import ImageServer, Route
@@ -213,7 +213,9 @@ def test_an_embedding_file_from_the_encoder_answers_as_the_image(
     red = Image.open(assets["media"] / "red.png").convert("RGB")
     body = b"".join(pixel_frames([ImageInput("red", red)]))
     r = httpx.post(
-        f"{encoder.url}{ENCODE_PATH}", content=body, headers={"Content-Type": CONTENT_TYPE}
+        f"{encoder.url}{ENCODE_PATH}",
+        content=body,
+        headers={"Content-Type": CONTENT_TYPE, **INTERNAL_AUTH},
     )
     assert r.status_code == 200, r.text
     embeds = "data:application/octet-stream;base64," + base64.b64encode(r.content).decode()
