@@ -1,10 +1,11 @@
-"""--kv-events-zmq ADDR: the KV event log on a ZMQ PUB socket, as vLLM publishes it.
+"""--kv-events-zmq ADDR: the KV event log on a ZMQ PUB socket, in vLLM's framing.
 
 Three frames per message: topic (empty), an 8-byte big-endian sequence number, and a msgpack
 batch `[ts, [event, ...], data_parallel_rank]` whose events are maps tagged by "type"
 (BlockStored: block_hashes, parent_block_hash, token_ids, block_size, lora_id; BlockRemoved:
-block_hashes; AllBlocksCleared), hashes as signed 64-bit integers: what Dynamo's ZMQ relay and
-vLLM's KV router read. A wildcard address binds, any other connects (vLLM's convention). Events
+block_hashes; AllBlocksCleared), hashes as signed 64-bit integers. Map events are the shape of
+Dynamo's TensorRT-LLM publisher; vLLM's own structs (array events, lora_name) do not decode
+them (issue 22). A wildcard address binds, any other connects (vLLM's convention). Events
 are queued by the engine thread and sent from a thread of their own, one batch per wake-up.
 """
 
