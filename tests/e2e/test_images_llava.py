@@ -150,6 +150,43 @@ def test_epd_decode_counts_remote_encode_and_remote_prefill(
     assert count("remote_encode", "remote") == 1  # the text request encoded nothing
 
 
+# Before test_remote_encoding_equals_local_fallback, which stops the module's encoder.
+def test_an_embedding_file_from_the_encoder_answers_as_the_image(
+    vlm: Server, encoder: Server, assets: dict[str, Any]
+) -> None:
+    """Issue 21 item 8: what an encode instance answers over the sibling protocol is the file a
+    client may send as an image_embeds part; the answer equals the image's."""
+    from trtllm_gateway.engine.embed_tensors import pixel_frames
+    from trtllm_gateway.engine.embed_wire import CONTENT_TYPE
+    from trtllm_gateway.engine.protocol import ImageInput
+    from trtllm_gateway.engine.sibling_wire import ENCODE_PATH
+
+    red = Image.open(assets["media"] / "red.png").convert("RGB")
+    body = b"".join(pixel_frames([ImageInput("red", red)]))
+    r = httpx.post(
+        f"{encoder.url}{ENCODE_PATH}",
+        content=body,
+        headers={"Content-Type": CONTENT_TYPE, **INTERNAL_AUTH},
+    )
+    assert r.status_code == 200, r.text
+    embeds = "data:application/octet-stream;base64," + base64.b64encode(r.content).decode()
+    client = openai.OpenAI(base_url=f"{vlm.url}/v1", api_key="unused", max_retries=0)
+    content = [
+        {"type": "image_embeds", "image_embeds": {"url": embeds}},
+        {"type": "text", "text": "describe the picture"},
+    ]
+    got = client.chat.completions.create(
+        model="model",
+        messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
+        temperature=0,
+        max_tokens=8,
+        extra_body={"ignore_eos": True},
+    )
+    want = ask(vlm, data_url(assets["red"]))
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens
+
+
 def test_remote_encoding_equals_local_fallback(
     vlm: Server, encoder: Server, assets: dict[str, Any]
 ) -> None:
@@ -198,39 +235,3 @@ def test_text_only_model_refuses_images(server: Server, assets: dict[str, Any]) 
     )
     assert r.status_code == 400
     assert "model does not accept images" in r.json()["error"]["message"]
-
-
-def test_an_embedding_file_from_the_encoder_answers_as_the_image(
-    vlm: Server, encoder: Server, assets: dict[str, Any]
-) -> None:
-    """Issue 21 item 8: what an encode instance answers over the sibling protocol is the file a
-    client may send as an image_embeds part; the answer equals the image's."""
-    from trtllm_gateway.engine.embed_tensors import pixel_frames
-    from trtllm_gateway.engine.embed_wire import CONTENT_TYPE
-    from trtllm_gateway.engine.protocol import ImageInput
-    from trtllm_gateway.engine.sibling_wire import ENCODE_PATH
-
-    red = Image.open(assets["media"] / "red.png").convert("RGB")
-    body = b"".join(pixel_frames([ImageInput("red", red)]))
-    r = httpx.post(
-        f"{encoder.url}{ENCODE_PATH}",
-        content=body,
-        headers={"Content-Type": CONTENT_TYPE, **INTERNAL_AUTH},
-    )
-    assert r.status_code == 200, r.text
-    embeds = "data:application/octet-stream;base64," + base64.b64encode(r.content).decode()
-    client = openai.OpenAI(base_url=f"{vlm.url}/v1", api_key="unused", max_retries=0)
-    content = [
-        {"type": "image_embeds", "image_embeds": {"url": embeds}},
-        {"type": "text", "text": "describe the picture"},
-    ]
-    got = client.chat.completions.create(
-        model="model",
-        messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
-        temperature=0,
-        max_tokens=8,
-        extra_body={"ignore_eos": True},
-    )
-    want = ask(vlm, data_url(assets["red"]))
-    assert got.choices[0].message.content == want.choices[0].message.content
-    assert got.usage.prompt_tokens == want.usage.prompt_tokens
