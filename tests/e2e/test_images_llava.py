@@ -156,10 +156,10 @@ def test_an_embedding_file_from_the_encoder_answers_as_the_image(
 ) -> None:
     """Issue 21 item 8: what an encode instance answers over the sibling protocol is the file a
     client may send as an image_embeds part; the answer equals the image's."""
-    from trtllm_gateway.engine.embed_tensors import pixel_frames
-    from trtllm_gateway.engine.embed_wire import CONTENT_TYPE
+    from trtllm_gateway.engine.disagg.embed_tensors import pixel_frames
+    from trtllm_gateway.engine.disagg.embed_wire import CONTENT_TYPE
+    from trtllm_gateway.engine.disagg.sibling_wire import ENCODE_PATH
     from trtllm_gateway.engine.protocol import ImageInput
-    from trtllm_gateway.engine.sibling_wire import ENCODE_PATH
 
     red = Image.open(assets["media"] / "red.png").convert("RGB")
     body = b"".join(pixel_frames([ImageInput("red", red)]))

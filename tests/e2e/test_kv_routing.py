@@ -21,7 +21,7 @@ import zmq
 
 from tests.e2e.ops_client import INTERNAL_AUTH, INTERNAL_KEY
 from tests.e2e.server import Server, free_port
-from trtllm_gateway.engine.kv_events_zmq import _BlockStored, decode_batch
+from trtllm_gateway.engine.kv_events.zmq_publisher import _BlockStored, decode_batch
 
 KEY = "kv-routing-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -12,8 +12,8 @@ from tests.engine.conftest import EngineFactory, collect, greedy
 from tests.engine.test_core_process import CoreFactory, make_core
 from tests.engine.test_llava import chat_ids, engine_overrides
 from tests.engine.tiny_llava import build_tiny_llava, sample_images
-from trtllm_gateway.engine.embed_tensors import pixel_frames
-from trtllm_gateway.engine.embed_wire import Frame
+from trtllm_gateway.engine.disagg.embed_tensors import pixel_frames
+from trtllm_gateway.engine.disagg.embed_wire import Frame
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
 from trtllm_gateway.multimodal.embeds import decode_embeds
 

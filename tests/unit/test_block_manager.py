@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from trtllm_gateway.engine.builtin.block_manager import BlockManager, block_hash
-from trtllm_gateway.engine.kv_events import (
+from trtllm_gateway.engine.kv_events.log import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

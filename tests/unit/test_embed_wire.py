@@ -17,7 +17,7 @@ import struct
 
 import pytest
 
-from trtllm_gateway.engine.embed_wire import (
+from trtllm_gateway.engine.disagg.embed_wire import (
     MAGIC,
     VERSION,
     EmbedWireError,

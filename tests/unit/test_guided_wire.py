@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtllm_gateway.engine import sibling_wire as wire
+from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.protocol import GuidedDecoding, SamplingParams
 
 

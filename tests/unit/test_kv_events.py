@@ -9,7 +9,7 @@ import torch
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
 from trtllm_gateway.engine.builtin.sequence import Sequence
-from trtllm_gateway.engine.kv_events import (
+from trtllm_gateway.engine.kv_events.log import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -15,7 +15,7 @@ from tests.conftest import wait_ready
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.fake import FakeEngine
-from trtllm_gateway.engine.kv_events import BlockRemoved, BlockStored, KvEventLog
+from trtllm_gateway.engine.kv_events.log import BlockRemoved, BlockStored, KvEventLog
 from trtllm_gateway.engine.protocol import EngineInfo
 
 AUTH = {"Authorization": "Bearer int-key"}  # the internal key: /internal/ takes nothing else

@@ -11,14 +11,14 @@ from pydantic import ValidationError
 
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.disagg.kv_follow import KvFollower
+from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
+from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
+from trtllm_gateway.engine.disagg.siblings import SiblingPool
+from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.fake import FakeEngine
-from trtllm_gateway.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from trtllm_gateway.engine.kv_follow import KvFollower
-from trtllm_gateway.engine.kv_index import PrefixIndex
+from trtllm_gateway.engine.kv_events.log import AllBlocksCleared, BlockRemoved, BlockStored
 from trtllm_gateway.engine.protocol import EngineInfo, GenerateRequest, SamplingParams
-from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine
-from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
-from trtllm_gateway.engine.siblings import SiblingPool
 
 BS = 4
 PROMPT = tuple(range(100, 120))  # five full blocks

@@ -14,7 +14,7 @@ import struct
 
 import pytest
 
-from trtllm_gateway.engine.kv_wire import MAGIC, VERSION, KvWireError, decode, encode
+from trtllm_gateway.engine.disagg.kv_wire import MAGIC, VERSION, KvWireError, decode, encode
 
 LAYOUT = "llama:L2:H2:D4:bf16:bs4"
 FIELDS: dict[str, object] = {

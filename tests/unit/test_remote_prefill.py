@@ -12,6 +12,9 @@ import httpx
 import pytest
 
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine, SiblingMismatchError
+from trtllm_gateway.engine.disagg.siblings import SiblingPool
+from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import (
     EngineInfo,
@@ -19,9 +22,6 @@ from trtllm_gateway.engine.protocol import (
     RemotePrefillFailedError,
     SamplingParams,
 )
-from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine, SiblingMismatchError
-from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
-from trtllm_gateway.engine.siblings import SiblingPool
 
 INFO = EngineInfo(model_id="m", max_model_len=512, vocab_size=100, eos_token_ids=(), kv_layout="L1")
 PROMPT = tuple(range(1, 41))

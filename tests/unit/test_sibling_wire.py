@@ -1,4 +1,4 @@
-"""engine/sibling_wire.py: the JSON both sides of the sibling protocol write and read.
+"""engine/disagg/sibling_wire.py: the JSON both sides of the sibling protocol write and read.
 
 The bytes stay those of protocol version 1 as the two hand-written halves sent them (an older
 sibling keeps working), and what one side writes, the other reads back unchanged.
@@ -12,8 +12,8 @@ from dataclasses import asdict
 
 import pytest
 
-from trtllm_gateway.engine import sibling_wire as wire
-from trtllm_gateway.engine.kv_events import BlockRemoved
+from trtllm_gateway.engine.disagg import sibling_wire as wire
+from trtllm_gateway.engine.kv_events.log import BlockRemoved
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     GuidedDecoding,

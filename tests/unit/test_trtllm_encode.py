@@ -24,8 +24,8 @@ from tests.standin import ensure_on_path
 from tests.unit.test_trtllm_vision import _prompt
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.embed_tensors import frame_tensor, pixel_frames
-from trtllm_gateway.engine.embed_wire import decode_frames, encode_frame
+from trtllm_gateway.engine.disagg.embed_tensors import frame_tensor, pixel_frames
+from trtllm_gateway.engine.disagg.embed_wire import decode_frames, encode_frame
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, SamplingParams
 
 ensure_on_path()

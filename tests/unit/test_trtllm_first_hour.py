@@ -19,12 +19,12 @@ import pytest
 from tests.standin import ensure_on_path
 from tests.unit.test_trtllm_engine import _collect, _engine, _ids, _req, model_dir
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from trtllm_gateway.engine.kv_events_zmq import decode_batch, encode_batch
-from trtllm_gateway.engine.kv_index import PrefixIndex
+from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
+from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
+from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
+from trtllm_gateway.engine.kv_events.log import AllBlocksCleared, BlockRemoved, BlockStored
+from trtllm_gateway.engine.kv_events.zmq_publisher import decode_batch, encode_batch
 from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError, SamplingParams
-from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine
-from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
 
 ensure_on_path()
 

@@ -17,9 +17,9 @@ from trtllm_gateway.engine.builtin.vision.placement import (
     expand_prompt,
     image_embeds_for,
 )
-from trtllm_gateway.engine.embed_wire import EmbedWireError, decode_frames, encode_frame
+from trtllm_gateway.engine.disagg.embed_wire import EmbedWireError, decode_frames, encode_frame
+from trtllm_gateway.engine.disagg.remote_encode import RemoteEncoder
 from trtllm_gateway.engine.protocol import InvalidRequestError
-from trtllm_gateway.engine.remote_encode import RemoteEncoder
 from trtllm_gateway.engine.tokenizer import content_format
 
 IMG = 9

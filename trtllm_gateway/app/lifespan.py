@@ -21,7 +21,7 @@ from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.state import State
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.factory import create_engine
-from trtllm_gateway.engine.kv_events_zmq import ZmqKvPublisher
+from trtllm_gateway.engine.kv_events.zmq_publisher import ZmqKvPublisher
 from trtllm_gateway.engine.protocol import Engine, EngineExtras, KvEventSource
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache

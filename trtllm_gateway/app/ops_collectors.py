@@ -14,8 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from trtllm_gateway.app.admission import Admission
-from trtllm_gateway.engine.remote_encode import OUTCOMES as ENCODE_OUTCOMES
-from trtllm_gateway.engine.remote_prefill_stats import OUTCOMES, RemotePrefillStats
+from trtllm_gateway.engine.disagg.remote_encode import OUTCOMES as ENCODE_OUTCOMES
+from trtllm_gateway.engine.disagg.stats import OUTCOMES, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
 
 PREFIX = "trtllm_gateway:"

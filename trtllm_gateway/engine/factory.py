@@ -15,8 +15,8 @@ def create_engine(settings: Settings) -> Engine:
     """
     engine = _create_local(settings)
     if settings.mode == "decode" and settings.prefill_url:
-        from trtllm_gateway.engine.remote_prefill import RemotePrefillEngine
-        from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
+        from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
+        from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 
         return RemotePrefillEngine(engine, settings, RemotePrefillStats())
     return engine

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-from trtllm_gateway.engine.kv_events import KvEventLog
-from trtllm_gateway.engine.remote_prefill_stats import KvRoutingStats, RemotePrefillStats
+from trtllm_gateway.engine.disagg.stats import KvRoutingStats, RemotePrefillStats
+from trtllm_gateway.engine.kv_events.log import KvEventLog
 
 FinishReason = Literal["stop", "length", "abort"]
 EngineState = Literal["loading", "ready", "draining", "dead"]

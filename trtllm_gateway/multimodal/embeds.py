@@ -1,7 +1,7 @@
 """Precomputed image embeddings from clients: an `image_embeds` chat part's bytes -> ImageInput.
 
 The file is one embed_wire "embeds" frame, the very bytes an encode sibling answers with
-(engine/embed_wire.py: header with dtype, [tokens, hidden] shape, BLAKE3 checksum and the
+(engine/disagg/embed_wire.py: header with dtype, [tokens, hidden] shape, BLAKE3 checksum and the
 vision layout of the encoder that made it), so one format serves siblings and clients, and the
 engine refuses an embedding of another layout (another model or engine) with a 400. Sources
 are those of images, under the same rules: a base64 `data:` URL, http(s) through the SSRF-
@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from blake3 import blake3
 
-from trtllm_gateway.engine.embed_wire import EmbedWireError, Frame, decode_frames
+from trtllm_gateway.engine.disagg.embed_wire import EmbedWireError, Frame, decode_frames
 from trtllm_gateway.engine.protocol import ImageInput
 from trtllm_gateway.multimodal.errors import MediaRejectedError
 

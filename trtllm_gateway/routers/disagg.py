@@ -1,4 +1,5 @@
-"""Sibling-facing endpoints for disaggregated serving (engine/sibling_wire.py: paths, messages).
+"""Sibling-facing endpoints for disaggregated serving (engine/disagg/sibling_wire.py: the paths
+and messages).
 
     GET    /internal/v1/info           model, KV layout and protocol version (compatibility check)
     POST   /internal/v1/prefill        run a context phase; JSON with the first token(s) and the
@@ -22,7 +23,7 @@ from fastapi.responses import StreamingResponse
 from trtllm_gateway.app.cancel import cancel_on_disconnect
 from trtllm_gateway.app.deps import ServingDep
 from trtllm_gateway.app.errors import BadRequestError, NotFoundError
-from trtllm_gateway.engine import sibling_wire as wire
+from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.guided.compile import check_guided
 from trtllm_gateway.engine.protocol import (
     EngineError,

@@ -13,8 +13,8 @@ from fastapi.responses import Response, StreamingResponse
 from trtllm_gateway.app.cancel import cancel_on_disconnect
 from trtllm_gateway.app.deps import ServingDep
 from trtllm_gateway.app.errors import NotFoundError
-from trtllm_gateway.engine.embed_wire import CONTENT_TYPE, ImageEncoding
-from trtllm_gateway.engine.sibling_wire import ENCODE_PATH
+from trtllm_gateway.engine.disagg.embed_wire import CONTENT_TYPE, ImageEncoding
+from trtllm_gateway.engine.disagg.sibling_wire import ENCODE_PATH
 
 router = APIRouter(tags=["encode"], include_in_schema=False)
 

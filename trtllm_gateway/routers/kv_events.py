@@ -3,7 +3,7 @@
 GET /internal/v1/kv-events?after=N   NDJSON, one JSON object a line: first a Hello (instance,
                                      block size, blocks, next id), a Resync when events after
                                      N were already dropped, then every event with id > N
-                                     (engine/kv_events.py's fields), Heartbeat lines while
+                                     (engine/kv_events/log.py's fields), Heartbeat lines while
                                      idle. follow=false ends after the backlog. Resume with
                                      after=<last event_id seen> (or Last-Event-ID). A
                                      BlockStored carries its token ids (users' prompts) only
@@ -21,8 +21,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from trtllm_gateway.app.deps import ServingDep, StateDep
 from trtllm_gateway.app.errors import NotFoundError
-from trtllm_gateway.engine import sibling_wire as wire
-from trtllm_gateway.engine.kv_events import KvEventLog, event_json
+from trtllm_gateway.engine.disagg import sibling_wire as wire
+from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
 from trtllm_gateway.engine.protocol import KvEventSource
 
 CHUNK_EVENTS = 1000

@@ -18,7 +18,7 @@ from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.kv_transfer import decode_kv
 from trtllm_gateway.engine.builtin.sampler import check_token_ids
 from trtllm_gateway.engine.builtin.sequence import Sequence
-from trtllm_gateway.engine.kv_wire import KvWireError
+from trtllm_gateway.engine.disagg.kv_wire import KvWireError
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineInfo,

@@ -6,8 +6,8 @@ same prefix share blocks. Freed blocks keep their hash and stay reusable until t
 least recently freed first.
 
 With an event log attached (`events`), the cache's changes go out as KV events
-(engine/kv_events.py), as TensorRT-LLM's block manager publishes them: a block registered under a
-new hash is stored (with its parent's hash and its tokens), an evicted hash is removed, and
+(engine/kv_events/log.py), as TensorRT-LLM's block manager publishes them: a block registered
+under a new hash is stored (with its parent's hash and its tokens), an evicted hash is removed, and
 clear_cache() clears all.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence as Seq
 
 from blake3 import blake3
 
-from trtllm_gateway.engine.kv_events import (
+from trtllm_gateway.engine.kv_events.log import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

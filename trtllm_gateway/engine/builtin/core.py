@@ -35,7 +35,7 @@ from trtllm_gateway.engine.core.messages import (
     RequestError,
     Stop,
 )
-from trtllm_gateway.engine.kv_events import KvEventLog, event_json
+from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
 from trtllm_gateway.engine.protocol import (
     EngineError,
     EngineHealth,

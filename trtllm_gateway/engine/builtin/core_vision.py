@@ -17,7 +17,7 @@ from concurrent.futures import Future
 
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage
-from trtllm_gateway.engine.embed_wire import Frame, decode_frames, encode_frame
+from trtllm_gateway.engine.disagg.embed_wire import Frame, decode_frames, encode_frame
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
 
 Prepared = tuple[GenerateRequest, tuple[PlacedImage, ...]]

@@ -29,7 +29,7 @@ from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.builtin.stream_interval import Event, StreamInterval
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder, create_embedder
-from trtllm_gateway.engine.kv_events import KvEventLog
+from trtllm_gateway.engine.kv_events.log import KvEventLog
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
     EngineExtras,

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from trtllm_gateway.engine import kv_wire
+from trtllm_gateway.engine.disagg import kv_wire
 
 _DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16)}
 

@@ -17,7 +17,7 @@ from trtllm_gateway.engine.builtin.sampler import Sampler
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.guided.matcher import GuidedFactory
-from trtllm_gateway.engine.kv_events import KvEventLog
+from trtllm_gateway.engine.kv_events.log import KvEventLog
 from trtllm_gateway.engine.protocol import EngineHealth, EngineInfo, EngineState
 
 

@@ -33,7 +33,7 @@ from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core import shm_blob
 from trtllm_gateway.engine.core.launch import Launcher
 from trtllm_gateway.engine.core.loop import SOCKET_DIR_PREFIX, Addresses
-from trtllm_gateway.engine.kv_events import KvEventLog, event_from_json
+from trtllm_gateway.engine.kv_events.log import KvEventLog, event_from_json
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
     EngineError,

@@ -72,7 +72,7 @@ def refuse_logprobs(req: GenerateRequest) -> None:
 
     TensorRT-LLM 1.2 has no logprob for the first token the context side hands over, and its
     result asserts `len(logprobs) == length` on every response (executor/result.py), so such
-    a stream fails. engine/remote_prefill.py prefills these requests locally instead.
+    a stream fails. engine/disagg/remote_prefill.py prefills these requests locally instead.
     """
     if req.sampling.logprobs is not None or req.sampling.prompt_logprobs is not None:
         raise InvalidRequestError(

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.embed_tensors import (
+from trtllm_gateway.engine.disagg.embed_tensors import (
     embeds_frame,
     frame_tensor,
     pixel_frames,
     request_images,
 )
-from trtllm_gateway.engine.encode_only import EncodeOnly
+from trtllm_gateway.engine.disagg.encode_only import EncodeOnly
+from trtllm_gateway.engine.disagg.remote_encode import RemoteEncoder
 from trtllm_gateway.engine.model_source import model_display_name
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
@@ -38,7 +39,6 @@ from trtllm_gateway.engine.protocol import (
     EngineState,
     ImageInput,
 )
-from trtllm_gateway.engine.remote_encode import RemoteEncoder
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.engine.trtllm.loader import import_llmapi, set_trtllm_log_level
 

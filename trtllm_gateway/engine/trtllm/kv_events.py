@@ -1,4 +1,4 @@
-"""TensorRT-LLM's KV-cache event dicts -> engine/kv_events.py events, into the engine's log.
+"""TensorRT-LLM's KV-cache event dicts -> engine/kv_events/log.py events, into the engine's log.
 
 TensorRT-LLM 1.2 (`LLM.get_kv_cache_events_async`, serialized by KVCacheEventSerializer) sends
 `{"event_id", "window_size", "data": {"type": ...}}` with data of type
@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from trtllm_gateway.engine.kv_events import (
+from trtllm_gateway.engine.kv_events.log import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

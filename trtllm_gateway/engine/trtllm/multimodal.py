@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trtllm_gateway.engine.embed_tensors import check_layout, frame_tensor
-from trtllm_gateway.engine.embed_wire import Frame
+from trtllm_gateway.engine.disagg.embed_tensors import check_layout, frame_tensor
+from trtllm_gateway.engine.disagg.embed_wire import Frame
 from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError
 
 if TYPE_CHECKING:

@@ -16,16 +16,16 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage, expand_prompt
-from trtllm_gateway.engine.embed_tensors import (
+from trtllm_gateway.engine.disagg.embed_tensors import (
     check_layout,
     embeds_frame,
     frame_tensor,
     pixel_frames,
     request_images,
 )
-from trtllm_gateway.engine.embed_wire import Frame
+from trtllm_gateway.engine.disagg.embed_wire import Frame
+from trtllm_gateway.engine.disagg.remote_encode import RemoteEncoder
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput
-from trtllm_gateway.engine.remote_encode import RemoteEncoder
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
 from trtllm_gateway.engine.builtin.vision.encoder import load_encoder
 from trtllm_gateway.engine.builtin.vision.spec import is_vision_checkpoint, language_config
-from trtllm_gateway.engine.encode_only import EncodeOnly
+from trtllm_gateway.engine.disagg.encode_only import EncodeOnly
 from trtllm_gateway.engine.model_source import model_display_name, resolve_model
 from trtllm_gateway.engine.protocol import (
     EngineInfo,

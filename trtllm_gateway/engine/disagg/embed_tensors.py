@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from trtllm_gateway.engine.embed_wire import Frame, decode_frames, encode_frame
+from trtllm_gateway.engine.disagg.embed_wire import Frame, decode_frames, encode_frame
 from trtllm_gateway.engine.protocol import ImageInput, InvalidRequestError
 
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}

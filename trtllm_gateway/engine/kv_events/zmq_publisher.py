@@ -17,7 +17,7 @@ import threading
 import msgspec
 import zmq
 
-from trtllm_gateway.engine.kv_events import (
+from trtllm_gateway.engine.kv_events.log import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

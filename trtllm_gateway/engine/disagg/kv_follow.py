@@ -14,8 +14,8 @@ import logging
 
 import httpx
 
-from trtllm_gateway.engine import sibling_wire as wire
-from trtllm_gateway.engine.kv_index import PrefixIndex
+from trtllm_gateway.engine.disagg import sibling_wire as wire
+from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
 
 logger = logging.getLogger(__name__)
 

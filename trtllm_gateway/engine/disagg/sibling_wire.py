@@ -9,7 +9,8 @@
     GET    /internal/v1/load        -> Load
 
 The serving side (routers/disagg.py, encode.py, kv_events.py) and the calling side
-(engine/remote_prefill.py, remote_encode.py, kv_follow.py) both use these structs, so the JSON
+(engine/disagg/remote_prefill.py, remote_encode.py, kv_follow.py) both use these structs, so the
+JSON
 is written and read in one place, as kv_wire.py and embed_wire.py do for the binary payloads.
 Answers decode leniently (defaults for what an older sibling may leave out); the prefill body,
 which anyone who reaches the port can send, forbids unknown fields.
@@ -25,7 +26,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from trtllm_gateway.engine.kv_events import KvCacheEvent, event_from_json
+from trtllm_gateway.engine.kv_events.log import KvCacheEvent, event_from_json
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     GuidedDecoding,
@@ -177,7 +178,7 @@ class Load(msgspec.Struct, frozen=True, kw_only=True):
     queued: int
 
 
-# --- the kv-events stream's own lines (the events themselves: engine/kv_events.py) --------
+# --- the kv-events stream's own lines (the events themselves: engine/kv_events/log.py) --------
 class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True, tag_field="type"):
     """First line of every stream: another `instance` than before means the sibling restarted."""
 

@@ -4,7 +4,7 @@ generate() decides local or remote (conditional disaggregation), asks a sibling 
 phase over HTTP (same token ids and request id; the internal key as credential), pulls the KV
 blobs when the inner engine is the built-in one, and continues decoding on the inner engine. A
 failing sibling falls back to local prefill unless --require-remote-prefill; cancelling the
-request cancels the sibling's work too. Sibling protocol: engine/sibling_wire.py.
+request cancels the sibling's work too. Sibling protocol: engine/disagg/sibling_wire.py.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import httpx
 
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine import sibling_wire as wire
-from trtllm_gateway.engine.kv_follow import KvFollower
+from trtllm_gateway.engine.disagg import sibling_wire as wire
+from trtllm_gateway.engine.disagg.kv_follow import KvFollower
+from trtllm_gateway.engine.disagg.siblings import Sibling, SiblingPool, sibling_headers
+from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     Engine,
@@ -34,8 +36,6 @@ from trtllm_gateway.engine.protocol import (
     RemotePrefillFailedError,
     TokenEvent,
 )
-from trtllm_gateway.engine.remote_prefill_stats import RemotePrefillStats
-from trtllm_gateway.engine.siblings import Sibling, SiblingPool, sibling_headers
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from trtllm_gateway.engine.kv_index import PrefixIndex
-from trtllm_gateway.engine.remote_prefill_stats import KvRoutingStats
+from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
+from trtllm_gateway.engine.disagg.stats import KvRoutingStats
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """RemotePrefillStats, KvRoutingStats: counters a decode instance keeps about prefill siblings.
 
-Written by engine/remote_prefill.py and engine/siblings.py, read by the /metrics collectors at
+Written by engine/disagg/remote_prefill.py and engine/disagg/siblings.py,
+read by the /metrics collectors at
 scrape time (like EngineHealth) through EngineExtras, so nothing here depends on prometheus.
 """
 

@@ -18,9 +18,14 @@ from dataclasses import dataclass, field
 import httpx
 
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.embed_wire import CONTENT_TYPE, EmbedWireError, Frame, decode_frames
-from trtllm_gateway.engine.sibling_wire import ENCODE_PATH
-from trtllm_gateway.engine.siblings import Sibling, SiblingPool, sibling_headers
+from trtllm_gateway.engine.disagg.embed_wire import (
+    CONTENT_TYPE,
+    EmbedWireError,
+    Frame,
+    decode_frames,
+)
+from trtllm_gateway.engine.disagg.sibling_wire import ENCODE_PATH
+from trtllm_gateway.engine.disagg.siblings import Sibling, SiblingPool, sibling_headers
 
 logger = logging.getLogger(__name__)
 
