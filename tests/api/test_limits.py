@@ -15,7 +15,7 @@ from tests.conftest import MAX_MODEL_LEN, MODEL
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.routers.validation import MAX_CHARS_PER_TOKEN
+from trtllm_gateway.openai.validation import MAX_CHARS_PER_TOKEN
 
 LIMIT = 4096
 

@@ -1,4 +1,4 @@
-"""Hostile input at the HTTP edge (routers/validation.py, engine/tokenizer.py), in process over the
+"""Hostile input at the HTTP edge (openai/validation.py, engine/tokenizer.py), in process over the
 FakeEngine: every token id against the vocabulary, logit_bias / allowed_token_ids reaching the
 engine, lone surrogates, deep nesting, NaN/Infinity, reserved chat_template_kwargs. Each is a
 400 naming the param, never a 500."""
@@ -16,7 +16,7 @@ from tests.conftest import MODEL
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import GenerateRequest, TokenEvent
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.routers.validation import MAX_CHOICES, MAX_DEPTH
+from trtllm_gateway.openai.validation import MAX_CHOICES, MAX_DEPTH
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"

@@ -1,11 +1,11 @@
-"""routers/chunk_template.py: a pre-rendered chunk is byte for byte what pydantic would send."""
+"""openai/chunk_template.py: a pre-rendered chunk is byte for byte what pydantic would send."""
 
 from __future__ import annotations
 
 import pytest
 
-from trtllm_gateway.routers.chunk_template import TextChunk
-from trtllm_gateway.routers.schemas import (
+from trtllm_gateway.openai.chunk_template import TextChunk
+from trtllm_gateway.openai.schemas import (
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
     CompletionChoice,

@@ -1,4 +1,4 @@
-"""routers/render.py: stop strings with hold-back, multi-byte hold-back, finish, logprob shapes."""
+"""openai/choice_output.py: stop strings and multi-byte hold-back, finish, logprob shapes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from trtllm_gateway.engine.protocol import TokenEvent, TokenLogprob, Usage
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.routers.render import (
+from trtllm_gateway.openai.choice_output import (
     ChoiceDelta,
     ChoiceRenderer,
     chat_logprobs,

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from trtllm_gateway.app.sse import DONE, EventStreamResponse, error_frame, frame
-from trtllm_gateway.routers.schemas import DeltaMessage, UsageInfo
+from trtllm_gateway.openai.schemas import DeltaMessage, UsageInfo
 
 
 def test_frame_dict_and_model() -> None:

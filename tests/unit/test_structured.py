@@ -1,4 +1,4 @@
-"""routers/structured.py: each request field -> one GuidedDecoding, and the 400s."""
+"""openai/structured.py: each request field -> one GuidedDecoding, and the 400s."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.engine.protocol import GuidedDecoding
-from trtllm_gateway.routers.schemas import ChatCompletionRequest, CompletionRequest
-from trtllm_gateway.routers.structured import (
+from trtllm_gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
+from trtllm_gateway.openai.structured import (
     build_constraint,
     check_constraint,
     check_tools,
@@ -233,7 +233,7 @@ NESTED = {
 
 
 def test_every_object_with_properties_is_closed_at_every_depth() -> None:
-    """routers/closed_schema.py: what xgrammar's strict_mode and vLLM's
+    """openai/closed_schema.py: what xgrammar's strict_mode and vLLM's
     disable_additional_properties do (closed_schema.py cites both); explicit values and data
     keywords (`const`) are left alone."""
     import jsonschema

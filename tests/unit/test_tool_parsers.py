@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from trtllm_gateway.routers.reply import ReplyFold, ReplyPlan
-from trtllm_gateway.routers.tool_parsers import TOOL_CALL_PARSERS, resolve_tool_parser
+from trtllm_gateway.openai.chat.reply import ReplyFold, ReplyPlan
+from trtllm_gateway.tool_parsers import TOOL_CALL_PARSERS, resolve_tool_parser
 
 Parsed = tuple[str, str, list[tuple[str, Any]]]
 

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.middleware.cors import CORSMiddleware
 
+from trtllm_gateway.app import health
 from trtllm_gateway.app.admission import Admission
 from trtllm_gateway.app.auth import ApiKeyMiddleware, InternalKeyMiddleware, load_api_keys
 from trtllm_gateway.app.body_limit import BodyLimitMiddleware
@@ -23,7 +24,10 @@ from trtllm_gateway.app.request_context import HEADER, RequestContextMiddleware
 from trtllm_gateway.app.version import VERSION
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.protocol import Engine
-from trtllm_gateway.routers import chat, completions, disagg, encode, health, kv_events, models
+from trtllm_gateway.internal_api import disagg, encode, kv_events
+from trtllm_gateway.openai import models
+from trtllm_gateway.openai.chat import router as chat
+from trtllm_gateway.openai.completions import router as completions
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:

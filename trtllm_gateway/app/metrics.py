@@ -131,7 +131,7 @@ class GatewayMetrics:
         self._health: Callable[[], EngineHealth] | None = None
         self.model_name = ""
         self.admission = admission or Admission(running=1, queued=None)
-        # Filled by the image loader (routers/chat.py) and read at scrape time.
+        # Filled by the image loader (openai/chat/images.py) and read at scrape time.
         self.media = MediaMetrics()
         self._remote_prefill = RemotePrefillCollector(lambda: self.model_name)
         self._remote_encode = RemoteEncodeCollector(lambda: self.model_name)

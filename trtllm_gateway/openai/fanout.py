@@ -1,0 +1,80 @@
+"""The fan-out of one HTTP request over its choices: one engine request each, rendered into
+ChoiceDeltas, merged as they come and tagged with the choice index."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import cast
+
+from trtllm_gateway.app.metrics import RequestRecorder
+from trtllm_gateway.engine.protocol import Engine, GenerateRequest, TokenEvent
+from trtllm_gateway.openai.choice_output import ChoiceDelta, ChoiceRenderer
+
+Item = tuple[int, ChoiceDelta]
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    index: int
+    request: GenerateRequest
+    renderer: ChoiceRenderer
+
+
+async def choice_stream(
+    engine: Engine, choice: Choice, recorder: RequestRecorder
+) -> AsyncGenerator[ChoiceDelta, None]:
+    """One engine request rendered; stops iterating (closing, so aborting, the engine request)
+    as soon as the renderer finishes, e.g. on a stop string."""
+    renderer = choice.renderer
+    events = cast(AsyncGenerator[TokenEvent, None], engine.generate(choice.request))
+    try:
+        async with aclosing(events) as engine_events:
+            async for event in engine_events:
+                recorder.on_event(event)  # inline rather than a wrapper: one generator hop less
+                yield renderer.feed(event)
+                if renderer.finished and event.finish_reason is None:
+                    break  # a stop string: closing the engine generator aborts the request
+    finally:
+        # The engine's count when its final event came (it expands image placeholders), else
+        # the ids sent: a stop string, a disconnect or an abort ends the request before it.
+        usage = renderer.usage
+        prompt = usage.prompt_tokens if usage is not None else len(choice.request.prompt_token_ids)
+        recorder.finish(renderer.finish_reason, prompt)
+
+
+async def merge(streams: list[AsyncGenerator[ChoiceDelta, None]]) -> AsyncGenerator[Item, None]:
+    """Interleave the choices' deltas as they come, tagged with the choice index."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for delta in only:
+                yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, ChoiceDelta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncGenerator[ChoiceDelta, None]) -> None:
+        try:
+            async with aclosing(stream) as deltas:
+                async for delta in deltas:
+                    queue.put_nowait((index, delta))
+            queue.put_nowait((index, None))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,102 @@
+"""The two ways a run's merged deltas leave: SSE frames (after a first-event peek, so errors
+before the first token are real HTTP statuses) or one collected list for the JSON response."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from trtllm_gateway.app.errors import error_payload
+from trtllm_gateway.app.sse import DONE, error_frame, frame
+from trtllm_gateway.openai.fanout import Item
+from trtllm_gateway.openai.renderer import Renderer
+
+logger = logging.getLogger(__name__)
+
+
+async def peek(items: AsyncGenerator[Item, None]) -> Item | None:
+    """The first item, so that errors before the first token become real HTTP statuses."""
+    try:
+        return await anext(items)
+    except StopAsyncIteration:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A first item still on its way when the stream starts (queued, or in remote prefill)."""
+
+    task: asyncio.Future[Item | None]
+
+
+First = Item | None | Pending
+
+
+async def peek_stream(items: AsyncGenerator[Item, None], wait_s: float) -> First:
+    """peek, but give up after wait_s (> 0): the stream then starts and keep-alive comments flow
+    while the request waits; an error that comes later is an error frame, not a status."""
+    if wait_s <= 0:
+        return await peek(items)
+    task = asyncio.ensure_future(peek(items))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=wait_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    return task.result() if task in done else Pending(task)
+
+
+async def _settle(first: First) -> Item | None:
+    if not isinstance(first, Pending):
+        return first
+    return await asyncio.shield(first.task)  # cancelled and awaited by _finish_pending
+
+
+@contextlib.asynccontextmanager
+async def _finish_pending(first: First) -> AsyncIterator[None]:
+    """On the way out, cancel and await a pending peek, so the generator that task runs is no
+    longer running when aclosing closes it (and its error, if any, is retrieved)."""
+    try:
+        yield
+    finally:
+        if isinstance(first, Pending):
+            first.task.cancel()
+            await asyncio.gather(first.task, return_exceptions=True)
+
+
+async def collect(items: AsyncGenerator[Item, None]) -> list[Item]:
+    async with aclosing(items) as all_items:
+        return [item async for item in all_items]
+
+
+async def stream_frames(
+    request_id: str,
+    first: First,
+    items: AsyncGenerator[Item, None],
+    prelude: list[bytes],
+    renderer: Renderer,
+) -> AsyncGenerator[bytes, None]:
+    """SSE frames: prelude, rendered items, epilogue, [DONE]; a failure after the first byte is
+    one error frame, then [DONE]."""
+    async with aclosing(items) as rest, _finish_pending(first):
+        for prelude_frame in prelude:
+            yield prelude_frame
+        try:
+            item = await _settle(first)
+            while item is not None:
+                for rendered in renderer.chunks(*item):
+                    yield frame(rendered)
+                item = await anext(rest, None)
+        except Exception as exc:
+            logger.warning("request %s failed mid-stream: %r", request_id, exc)
+            yield error_frame(error_payload(exc)["error"])
+            yield DONE
+            return
+        for chunk in renderer.epilogue():
+            yield frame(chunk)
+        yield DONE
