@@ -9,10 +9,26 @@
 #include "rms_norm.h"
 #include "simd.h"
 
+#include <string>
+
+namespace {
+std::string simd_path() {
+#if defined(GW_AVX512)
+  return "avx512";
+#elif defined(GW_AVX2)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_1_mm", &trtllm_gateway::q4_1_mm, "x @ W^T, W in Q4_1 blocks");
   m.def("q8_0_mm", &trtllm_gateway::q8_0_mm, "x @ W^T, W in Q8_0 blocks");
-  m.def("q8_native", &trtllm_gateway::q8_native, "int8 dot products in AVX512-VNNI");
+  m.def("simd_path", &simd_path, "the float kernels' vectors: avx512, avx2 or portable");
+  m.def("q8_path", &trtllm_gateway::q8_path, "the int8 dot products: avx512-vnni, avx-vnni, avx2, portable");
+  m.def("q8_native", &trtllm_gateway::q8_native, "int8 dot products in SIMD, not the portable loop");
   m.def("quantize_q8", &trtllm_gateway::quantize_q8, "float32 rows to int8 32-value blocks");
   m.def("q8_mm", &trtllm_gateway::q8_mm, "int8 rows @ W^T, W in Q4_1 / Q8_0 groups of 16 columns");
   m.def("rope_store", &trtllm_gateway::rope_store, "RoPE of Q and K, K and V into the cache");

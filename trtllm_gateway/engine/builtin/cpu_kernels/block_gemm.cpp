@@ -4,18 +4,23 @@
 // and widened in registers back to those exact floats, so only the order of the float additions
 // differs from a dense float32 matmul. A batch-1 step reads ~5x fewer bytes than float32 weights.
 // Threads: at::parallel_for over pairs of output columns, on the OpenMP runtime torch loaded.
+// Written once in simd.h's vectors: AVX-512 and AVX2 builds compute the same bits.
 #include "block_gemm.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "simd.h"
 
 namespace trtllm_gateway {
 namespace {
-constexpr int64_t QK = 32;   // weights per block, as in GGUF
-constexpr int64_t ROWS = 8;  // rows of x per pass over a column pair's blocks
+constexpr int64_t QK = 32;  // weights per block, as in GGUF
+// Rows of x per pass over a column pair's blocks: the accumulators (ROWS x 2 columns x H native
+// vectors), the widened weights (2 x 2) and two x vectors fit AVX-512's 32 registers at 8 rows
+// and AVX2's 16 at 2 (4 rows spilled and measured slower, docs/benchmarks.md).
+constexpr int64_t ROWS = W == 16 ? 8 : 2;
 
 void check(const torch::Tensor& x, const torch::Tensor& qs, int64_t qs_cols) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
@@ -24,23 +29,35 @@ void check(const torch::Tensor& x, const torch::Tensor& qs, int64_t qs_cols) {
               "weight blocks do not match x");
 }
 
-// Up to C adjacent columns against rows r0 .. r0 + R: each block is widened once per pass (to its
-// exact float weights), each x load feeds C columns, and the R x C accumulators stay in registers.
+// Up to C adjacent columns against rows r0 .. r0 + R. A block's 32 weights are two logical
+// 16-float vectors (j = 0, 1), each H native vectors; per native slot h the block is widened to
+// its exact float weights once (w[c][j]) and each x load feeds C columns, while the R x C x H
+// accumulators stay in registers. Lane (h, l) of an accumulator adds x * w of weight
+// j * 16 + h * W + l for j = 0 then 1, block after block, whatever W is.
 template <int C, int R, class Widen>
 inline void columns(const float* xp, int64_t K, int64_t r0, int64_t n, int64_t N,
                     Widen widen_block, float* yp) {
-  f32x16 acc[R][C] = {};
-  for (int64_t b = 0; b < K / QK; ++b) {
-    f32x16 w[C][2];
-    for (int c = 0; c < C; ++c) widen_block(n + c, b, w[c]);
-    for (int r = 0; r < R; ++r) {
-      const float* xr = xp + (r0 + r) * K + b * QK;
-      const f32x16 x0 = load16(xr), x1 = load16(xr + 16);
-      for (int c = 0; c < C; ++c) acc[r][c] += x0 * w[c][0] + x1 * w[c][1];
+  vf acc[R][C][H];
+  for (auto& a : acc)
+    for (auto& b : a)
+      for (auto& v : b) v = vzero();
+  for (int64_t b = 0; b < K / QK; ++b)
+#pragma GCC unroll 2
+    for (int h = 0; h < H; ++h) {
+      vf w[C][2];
+#pragma GCC unroll 2
+      for (int c = 0; c < C; ++c) widen_block(n + c, b, h, w[c]);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const float* xr = xp + (r0 + r) * K + b * QK + h * W;
+        const vf x0 = vload(xr), x1 = vload(xr + 16);
+#pragma GCC unroll 2
+        for (int c = 0; c < C; ++c)
+          acc[r][c][h] = vfma(x1, w[c][1], vfma(x0, w[c][0], acc[r][c][h]));
+      }
     }
-  }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) yp[(r0 + r) * N + n + c] = hsum(acc[r][c]);
+    for (int c = 0; c < C; ++c) yp[(r0 + r) * N + n + c] = hsum16(acc[r][c]);
 }
 
 // columns<C, R> for a row count known only at run time (1 .. ROWS), so R is a constant inside.
@@ -49,6 +66,9 @@ inline void rows(int64_t R, const float* xp, int64_t K, int64_t r0, int64_t n, i
                  Widen widen_block, float* yp) {
   switch (R) {
     case 1: return columns<C, 1>(xp, K, r0, n, N, widen_block, yp);
+#if defined(GW_AVX2)
+    default: return columns<C, 2>(xp, K, r0, n, N, widen_block, yp);
+#else
     case 2: return columns<C, 2>(xp, K, r0, n, N, widen_block, yp);
     case 3: return columns<C, 3>(xp, K, r0, n, N, widen_block, yp);
     case 4: return columns<C, 4>(xp, K, r0, n, N, widen_block, yp);
@@ -56,7 +76,36 @@ inline void rows(int64_t R, const float* xp, int64_t K, int64_t r0, int64_t n, i
     case 6: return columns<C, 6>(xp, K, r0, n, N, widen_block, yp);
     case 7: return columns<C, 7>(xp, K, r0, n, N, widen_block, yp);
     default: return columns<C, 8>(xp, K, r0, n, N, widen_block, yp);
+#endif
   }
+}
+
+// AVX2 at more than 2 rows: the widening (7 instructions a native vector) costs more than the 2
+// FMAs per row it feeds, so a column pair's blocks are widened once into an L1 buffer (in the
+// weights' own order) and every row pass reads them from there: the same FMAs in the same order
+// as columns<>, 3 rows x 2 columns of accumulators a pass.
+template <int R>
+inline void staged(const float* xp, int64_t K, int64_t r0, int64_t n, int64_t N, const float* buf,
+                   float* yp) {
+  vf acc[R][2][H];
+  for (auto& a : acc)
+    for (auto& b : a)
+      for (auto& v : b) v = vzero();
+  for (int64_t b = 0; b < K / QK; ++b)
+#pragma GCC unroll 2
+    for (int h = 0; h < H; ++h)
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float* xr = xp + (r0 + r) * K + b * QK + h * W;
+        const vf x0 = vload(xr), x1 = vload(xr + 16);
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; ++c) {
+          const float* w = buf + c * K + b * QK + h * W;
+          acc[r][c][h] = vfma(x1, vload(w + 16), vfma(x0, vload(w), acc[r][c][h]));
+        }
+      }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2; ++c) yp[(r0 + r) * N + n + c] = hsum16(acc[r][c]);
 }
 
 template <class Widen>
@@ -65,9 +114,25 @@ torch::Tensor block_mm(const torch::Tensor& x, int64_t N, Widen widen_block) {
   torch::Tensor y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  const bool stage = W == 8 && M > 2 && N % 2 == 0;
   at::parallel_for(0, (N + 1) / 2, 8, [&](int64_t p0, int64_t p1) {
+    std::vector<float> buf(stage ? 2 * K : 0);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n = 2 * p;
+      if (stage) {
+        for (int c = 0; c < 2; ++c)
+          for (int64_t b = 0; b < K / QK; ++b)
+            for (int h = 0; h < H; ++h) {
+              vf w[2];
+              widen_block(n + c, b, h, w);
+              vstore(buf.data() + c * K + b * QK + h * W, w[0]);
+              vstore(buf.data() + c * K + b * QK + 16 + h * W, w[1]);
+            }
+        int64_t r0 = 0;
+        for (; r0 + 3 <= M; r0 += 3) staged<3>(xp, K, r0, n, N, buf.data(), yp);
+        for (; r0 < M; ++r0) staged<1>(xp, K, r0, n, N, buf.data(), yp);
+        continue;
+      }
       for (int64_t r0 = 0; r0 < M; r0 += ROWS) {  // the pair's blocks stay in L1 meanwhile
         const int64_t R = std::min(ROWS, M - r0);
         if (n + 1 < N) {
@@ -84,20 +149,19 @@ torch::Tensor block_mm(const torch::Tensor& x, int64_t N, Widen widen_block) {
 
 // Q4_1: qs [N, K/2] uint8 where byte j of a block holds q[j] | q[j + 16] << 4; dm [N, K/32, 2]
 // float (d, m). w = d * q + m is exact in float32 (d * q needs at most 15 bits, so its one
-// rounding is the one the GGUF reader's dequantization does).
+// rounding is the one the GGUF reader's dequantization does). Bytes h * W .. of a block widen to
+// weights h * W .. (low nibbles, j = 0) and 16 + h * W .. (high nibbles, j = 1).
 torch::Tensor q4_1_mm(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& dm) {
   check(x, qs, x.size(1) / 2);
   const int64_t K = x.size(1), N = qs.size(0), B = K / QK;
   TORCH_CHECK(dm.is_contiguous() && dm.size(0) == N && dm.size(1) == B && dm.size(2) == 2);
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   const float* dmp = dm.data_ptr<float>();
-  const __m128i nibble = _mm_set1_epi8(15);
-  return block_mm(x, N, [=](int64_t n, int64_t b, f32x16* w) {
-    const auto* src = reinterpret_cast<const __m128i*>(qp + n * (K / 2) + b * (QK / 2));
-    const __m128i raw = _mm_loadu_si128(src);
-    const float d = dmp[(n * B + b) * 2], m = dmp[(n * B + b) * 2 + 1];
-    w[0] = widen<false>(_mm_and_si128(raw, nibble)) * d + m;
-    w[1] = widen<false>(_mm_and_si128(_mm_srli_epi16(raw, 4), nibble)) * d + m;
+  return block_mm(x, N, [=](int64_t n, int64_t b, int h, vf* w) {
+    const vi q = vu8(qp + n * (K / 2) + b * (QK / 2) + h * W);
+    const vf d = vset(dmp[(n * B + b) * 2]), m = vset(dmp[(n * B + b) * 2 + 1]);
+    w[0] = vfma(vcvt(vand(q, 15)), d, m);
+    w[1] = vfma(vcvt(vshr(q, 4)), d, m);
   });
 }
 
@@ -108,10 +172,11 @@ torch::Tensor q8_0_mm(const torch::Tensor& x, const torch::Tensor& qs, const tor
   TORCH_CHECK(d.is_contiguous() && d.size(0) == N && d.size(1) == B);
   const int8_t* qp = qs.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
-  return block_mm(x, N, [=](int64_t n, int64_t b, f32x16* w) {
-    const auto* src = reinterpret_cast<const __m128i*>(qp + n * K + b * QK);
-    w[0] = widen<true>(_mm_loadu_si128(src)) * dp[n * B + b];
-    w[1] = widen<true>(_mm_loadu_si128(src + 1)) * dp[n * B + b];
+  return block_mm(x, N, [=](int64_t n, int64_t b, int h, vf* w) {
+    const int8_t* src = qp + n * K + b * QK + h * W;
+    const vf scale = vset(dp[n * B + b]);
+    w[0] = vmul(vcvt(vs8(src)), scale);
+    w[1] = vmul(vcvt(vs8(src + 16)), scale);
   });
 }
 

@@ -3,11 +3,12 @@
 // lengths (the new token included). Per (row, KV head): scores, softmax, weighted sum of V, in
 // float32, for the Hq / Hk query heads that share the KV head. D must be a multiple of 16.
 //
-// With AVX-512 (D of 64 or 128): scores 16 tokens at a time (16 partial dot products reduced
-// into one register by a transpose tree instead of 16 horizontal sums), a vector exp, and cache
-// rows prefetched a few tokens ahead; a decode step reads the whole cache from DRAM, and without
-// the prefetch the kernel waited on it (39 -> 15 ms for 32 rows x ~160 tokens x 30 layers of
-// SmolLM2, docs/benchmarks.md). Elsewhere a plain loop with the same arithmetic up to rounding.
+// With AVX-512 or AVX2 (D of 64 or 128): scores 16 tokens at a time (16 partial dot products
+// reduced into one logical vector by a transpose tree instead of 16 horizontal sums), a vector
+// exp, and cache rows prefetched a few tokens ahead; a decode step reads the whole cache from
+// DRAM, and without the prefetch the kernel waited on it (39 -> 15 ms for 32 rows x ~160 tokens x
+// 30 layers of SmolLM2, docs/benchmarks.md). Both widths compute the same bits (simd.h). Other
+// head sizes and the portable build: a plain loop with the same arithmetic up to rounding.
 #include "decode_attention.h"
 
 #include <ATen/Parallel.h>
@@ -44,13 +45,16 @@ void token_offsets(const int64_t* table, int64_t len, int64_t block_size, int64_
 void portable(const Problem& p, int64_t D, std::vector<float>& scores) {
   const int64_t nv = D / 16;
   scores.assign(p.G * p.len, 0.f);
-  std::vector<f32x16> acc(p.G * nv, f32x16{});
+  std::vector<vf> acc(p.G * nv * H, vzero());
   for (int64_t t = 0; t < p.len; ++t)
     for (int64_t g = 0; g < p.G; ++g) {
-      f32x16 dot{};
+      vf dot[H];
+      for (auto& v : dot) v = vzero();
       for (int64_t j = 0; j < nv; ++j)
-        dot += load16(p.q + g * D + j * 16) * load16(p.k + p.offsets[t] + j * 16);
-      scores[g * p.len + t] = hsum(dot) * p.scale;
+        for (int h = 0; h < H; ++h)
+          dot[h] = vfma(vload(p.q + g * D + j * 16 + h * W),
+                        vload(p.k + p.offsets[t] + j * 16 + h * W), dot[h]);
+      scores[g * p.len + t] = hsum16(dot) * p.scale;
     }
   for (int64_t g = 0; g < p.G; ++g) {
     float* s = scores.data() + g * p.len;
@@ -60,33 +64,17 @@ void portable(const Problem& p, int64_t D, std::vector<float>& scores) {
     for (int64_t t = 0; t < p.len; ++t) s[t] /= sum;
   }
   for (int64_t t = 0; t < p.len; ++t)
-    for (int64_t g = 0; g < p.G; ++g)
-      for (int64_t j = 0; j < nv; ++j)
-        acc[g * nv + j] += scores[g * p.len + t] * load16(p.v + p.offsets[t] + j * 16);
+    for (int64_t g = 0; g < p.G; ++g) {
+      const vf w = vset(scores[g * p.len + t]);
+      for (int64_t j = 0; j < nv * H; ++j)
+        acc[g * nv * H + j] = vfma(w, vload(p.v + p.offsets[t] + j * W), acc[g * nv * H + j]);
+    }
   for (int64_t g = 0; g < p.G; ++g)
-    std::memcpy(p.out + g * D, acc.data() + g * nv, D * sizeof(float));
+    for (int64_t j = 0; j < nv * H; ++j) vstore(p.out + g * D + j * W, acc[g * nv * H + j]);
 }
 
-#if defined(__AVX512F__)
+#if !defined(GW_PORTABLE)
 constexpr int64_t AHEAD = 8;  // tokens of prefetch distance (4 and 16 measured slower)
-
-// Lane i of the result is the sum of v[i]'s 16 lanes.
-inline __m512 sum16(const __m512* v) {
-  __m512 w[8], x[4];
-  for (int i = 0; i < 8; ++i)
-    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int j = 0; j < 4; ++j) {
-    const __m512d a = _mm512_castps_pd(w[2 * j]), b = _mm512_castps_pd(w[2 * j + 1]);
-    x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
-                                  _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
-  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88),
-                                  _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
-}
 
 inline void prefetch_row(const float* base, const int64_t* offsets, int64_t t, int64_t len,
                          int64_t D) {
@@ -95,68 +83,75 @@ inline void prefetch_row(const float* base, const int64_t* offsets, int64_t t, i
   for (int64_t j = 0; j < D * 4; j += 64) _mm_prefetch(row + j, _MM_HINT_T0);
 }
 
+// NV logical 16-float vectors a head (D = 16 NV), each H native vectors.
 template <int NV>
 void vectorized(const Problem& p, std::vector<float>& scores) {
   constexpr int64_t D = NV * 16;
+  // Query heads that share a pass over V: their accumulators must fit the registers.
+  constexpr int64_t GROUP = W == 16 ? 4 : (NV <= 4 ? 2 : 1);
   const int64_t padded = (p.len + 15) / 16 * 16;
   scores.resize(p.G * padded);
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const vf ninf = vset(-std::numeric_limits<float>::infinity());
   for (int64_t g = 0; g < p.G; ++g) {  // scores, then softmax, one query head at a time
-    __m512 q[NV];
-    for (int j = 0; j < NV; ++j) q[j] = _mm512_loadu_ps(p.q + g * D + j * 16);
+    vf q[NV * H];
+    for (int j = 0; j < NV * H; ++j) q[j] = vload(p.q + g * D + j * W);
     float* s = scores.data() + g * padded;
-    __m512 mx = ninf;
+    vf mx = ninf;
     for (int64_t t0 = 0; t0 < p.len; t0 += 16) {
       const int64_t n = std::min<int64_t>(16, p.len - t0);
-      __m512 part[16];
+      vf part[16 * H];
       for (int64_t i = 0; i < 16; ++i) {
-        part[i] = _mm512_setzero_ps();
+        for (int h = 0; h < H; ++h) part[i * H + h] = vzero();
         if (i >= n) continue;
         if (g == 0) prefetch_row(p.k, p.offsets, t0 + i + AHEAD, p.len, D);
         const float* k = p.k + p.offsets[t0 + i];
         for (int j = 0; j < NV; ++j)
-          part[i] = _mm512_fmadd_ps(q[j], _mm512_loadu_ps(k + j * 16), part[i]);
+          for (int h = 0; h < H; ++h)
+            part[i * H + h] = vfma(q[j * H + h], vload(k + j * 16 + h * W), part[i * H + h]);
       }
-      __m512 v = _mm512_mul_ps(sum16(part), _mm512_set1_ps(p.scale));
-      v = _mm512_mask_blend_ps(static_cast<__mmask16>((1u << n) - 1), ninf, v);
-      mx = _mm512_max_ps(mx, v);
-      _mm512_storeu_ps(s + t0, v);
+      vf v[H];
+      transpose_sum16(part, v);  // logical lane i: token t0 + i's score
+      for (int h = 0; h < H; ++h) {
+        const vf scaled = vtail(vmul(v[h], vset(p.scale)), std::clamp<int64_t>(n - h * W, 0, W),
+                                ninf);
+        mx = vmax(mx, scaled);
+        vstore(s + t0 + h * W, scaled);
+      }
     }
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t0 = 0; t0 < padded; t0 += 16) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t0), m));  // padding: ~1e-38
-      _mm512_storeu_ps(s + t0, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
+    const vf m = vset(vmax_all(mx));
+    vf sum[H];
+    for (auto& v : sum) v = vzero();
     for (int64_t t0 = 0; t0 < padded; t0 += 16)
-      _mm512_storeu_ps(s + t0, _mm512_div_ps(_mm512_loadu_ps(s + t0), total));
+      for (int h = 0; h < H; ++h) {
+        const vf e = vexp(vsub(vload(s + t0 + h * W), m));  // padding: ~1e-38
+        vstore(s + t0 + h * W, e);
+        sum[h] = vadd(sum[h], e);
+      }
+    const vf total = vset(hsum16(sum));
+    for (int64_t t = 0; t < padded; t += W) vstore(s + t, vdiv(vload(s + t), total));
   }
-  for (int64_t g0 = 0; g0 < p.G; g0 += 4) {  // V rows read once for up to 4 query heads
-    const int64_t gn = std::min<int64_t>(4, p.G - g0);
-    __m512 acc[4][NV];
+  for (int64_t g0 = 0; g0 < p.G; g0 += GROUP) {  // V rows read once for up to GROUP query heads
+    const int64_t gn = std::min<int64_t>(GROUP, p.G - g0);
+    vf acc[GROUP][NV * H];
     for (auto& a : acc)
-      for (auto& r : a) r = _mm512_setzero_ps();
+      for (auto& r : a) r = vzero();
     for (int64_t t = 0; t < p.len; ++t) {
       if (g0 == 0) prefetch_row(p.v, p.offsets, t + AHEAD, p.len, D);
       const float* v = p.v + p.offsets[t];
-      __m512 row[NV];
-      for (int j = 0; j < NV; ++j) row[j] = _mm512_loadu_ps(v + j * 16);
-      for (int g = 0; g < 4; ++g) {
+      for (int g = 0; g < GROUP; ++g) {
         if (g >= gn) break;
-        const __m512 w = _mm512_set1_ps(scores[(g0 + g) * padded + t]);
-        for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_fmadd_ps(w, row[j], acc[g][j]);
+        const vf w = vset(scores[(g0 + g) * padded + t]);
+        for (int j = 0; j < NV * H; ++j) acc[g][j] = vfma(w, vload(v + j * W), acc[g][j]);
       }
     }
     for (int64_t g = 0; g < gn; ++g)
-      for (int j = 0; j < NV; ++j) _mm512_storeu_ps(p.out + (g0 + g) * D + j * 16, acc[g][j]);
+      for (int j = 0; j < NV * H; ++j) vstore(p.out + (g0 + g) * D + j * W, acc[g][j]);
   }
 }
 #endif
 
 void attend(const Problem& p, int64_t D, std::vector<float>& scores) {
-#if defined(__AVX512F__)
+#if !defined(GW_PORTABLE)
   if (D == 64) return vectorized<4>(p, scores);
   if (D == 128) return vectorized<8>(p, scores);
 #endif

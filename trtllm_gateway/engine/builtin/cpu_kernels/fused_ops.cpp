@@ -4,7 +4,8 @@
 // over all layers). The same float operations as rope.py's rotate, in the same order and without
 // FMA contraction, so the rotated values are bit for bit the portable path's.
 // silu_mul: [T, 2I] (gate, up) -> silu(gate) * up, silu(g) = g / (1 + e^-g) as torch computes
-// it, with a vector exp (within 2 ulp of expf, so within a few ulp of torch's SiLU).
+// it, with a vector exp (within 2 ulp of expf, so within a few ulp of torch's SiLU). Both in
+// simd.h's vectors: the AVX-512 and AVX2 builds compute the same bits.
 #include "fused_ops.h"
 
 #include <ATen/Parallel.h>
@@ -23,13 +24,10 @@ __attribute__((optimize("fp-contract=off"))) void rotate_row(const float* x, con
                                                              float* out) {
   const int64_t h = D / 2;
   if (h % 16 == 0) {
-    for (int64_t j = 0; j < h; j += 16) {
-      const f32x16 lo = load16(x + j), hi = load16(x + h + j);
-      const f32x16 a = lo * load16(c + j), b = hi * load16(s + j);
-      const f32x16 a2 = hi * load16(c + h + j), b2 = lo * load16(s + h + j);
-      const f32x16 o1 = a + b, o2 = a2 + b2;
-      std::memcpy(out + j, &o1, sizeof o1);
-      std::memcpy(out + h + j, &o2, sizeof o2);
+    for (int64_t j = 0; j < h; j += W) {
+      const vf lo = vload(x + j), hi = vload(x + h + j);
+      vstore(out + j, vadd(vmul(lo, vload(c + j)), vmul(hi, vload(s + j))));
+      vstore(out + h + j, vadd(vmul(hi, vload(c + h + j)), vmul(lo, vload(s + h + j))));
     }
     return;
   }
@@ -94,14 +92,11 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
       const float* u = g + I;
       float* o = op + t * I;
       int64_t j = 0;
-#if defined(__AVX512F__)
-      for (; j + 16 <= I; j += 16) {
-        const __m512 x = _mm512_loadu_ps(g + j);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-        _mm512_storeu_ps(o + j, _mm512_mul_ps(s, _mm512_loadu_ps(u + j)));
+      for (; j + W <= I; j += W) {
+        const vf x = vload(g + j);
+        const vf s = vdiv(x, vadd(vset(1.f), vexp(vsub(vzero(), x))));
+        vstore(o + j, vmul(s, vload(u + j)));
       }
-#endif
       for (; j < I; ++j) o[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
     }
   });

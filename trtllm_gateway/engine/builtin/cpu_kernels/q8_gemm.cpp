@@ -1,5 +1,6 @@
 // y[M, N] = x[M, K] @ W^T with x quantized to int8 and W in GGUF blocks, multiplied with integer
-// dot products (AVX512-VNNI vpdpbusd: 64 byte products an instruction, against 16 float32 FMAs).
+// dot products: AVX512-VNNI vpdpbusd (64 byte products an instruction, against 16 float32 FMAs),
+// AVX2's vpmaddubsw + vpmaddwd (or AVX-VNNI's 256-bit vpdpbusd), or a portable loop.
 // This is llama.cpp's arithmetic (Q4_1 x Q8_1, Q8_0 x Q8_0), not the model's float32 one: y is
 // the exact weights times the quantized activations, so greedy tokens can differ from float32's
 // (packed_linear.py, docs/benchmarks.md).
@@ -15,11 +16,12 @@
 #include "q8_gemm.h"
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "simd.h"
 
 namespace trtllm_gateway {
 namespace {
@@ -126,6 +128,110 @@ void gemm(const int8_t* qx, const float* xs, int64_t M, int64_t K, int64_t N, co
     }
   });
 }
+#elif defined(__AVX2__)
+constexpr bool kNative = true;
+
+// AVX2 (and AVX-VNNI where the CPU has it): the same layout read as two 32-byte halves of each
+// 64-byte group register (columns 0-7, then 8-15). Without VNNI a 4-input dot product is
+// vpmaddubsw (u8 x s8 pairs to int16) then vpmaddwd against ones (pairs to int32), the arithmetic
+// of llama.cpp's AVX2 Q4_1 x Q8_1 dot product. Q4_1's u <= 15 lets the int16 pair sums of all
+// 8 groups add up before widening (8 x 2 x 15 x 127 < 2^15); Q8_0's u <= 255 would saturate, so
+// its bytes are split into nibbles (u = lo + 16 hi) and summed the same way. The integer sums
+// are exact, and the float steps after them are AVX-512's, so both compute the same bits.
+constexpr int64_t HALF = 8;  // columns of a 32-byte half
+
+inline __m256i quad(const int8_t* xq, int j) {  // x's inputs 4j .. 4j + 3 in every lane
+  int32_t v;
+  std::memcpy(&v, xq + 4 * j, 4);
+  return _mm256_set1_epi32(v);
+}
+
+#if !defined(__AVXVNNI__)
+// sum over 8 groups of u[j] . x[j] for u <= 15, in int16 lanes, then to int32.
+inline __m256i dot_small(const __m256i* u, const int8_t* xq) {
+  __m256i s = _mm256_maddubs_epi16(u[0], quad(xq, 0));
+  for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u[j], quad(xq, j)));
+  return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+#endif
+
+// The int32 dot products of 8 columns' 32 unsigned weights with a row's 32 int8 inputs.
+template <bool Nibbles>
+inline __m256i dot_block(const __m256i* w, const int8_t* xq) {
+#if defined(__AVXVNNI__)
+  __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j += 2) {
+    s0 = _mm256_dpbusd_avx_epi32(s0, w[j], quad(xq, j));
+    s1 = _mm256_dpbusd_avx_epi32(s1, w[j + 1], quad(xq, j + 1));
+  }
+  return _mm256_add_epi32(s0, s1);
+#else
+  if constexpr (Nibbles) {
+    return dot_small(w, xq);
+  } else {
+    const __m256i mask = _mm256_set1_epi8(15);
+    __m256i lo[8], hi[8];
+    for (int j = 0; j < 8; ++j) {
+      lo[j] = _mm256_and_si256(w[j], mask);
+      hi[j] = _mm256_and_si256(_mm256_srli_epi16(w[j], 4), mask);
+    }
+    return _mm256_add_epi32(dot_small(lo, xq), _mm256_slli_epi32(dot_small(hi, xq), 4));
+  }
+#endif
+}
+
+// Rows r0 .. r0 + R against half h of column group g: the block's 8 weight registers are loaded
+// (Q4_1: unpacked from nibbles) once and feed R rows.
+template <int R, bool Nibbles>
+inline void tile(const int8_t* qx, const float* xs, int64_t K, int64_t r0, int64_t g, int64_t h,
+                 int64_t N, const uint8_t* wp, const float* sc, float* y) {
+  const int64_t B = K / QK;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < B; ++b) {
+    __m256i w[8];
+    const uint8_t* p = wp + (g * B + b) * (Nibbles ? 256 : 512) + h * 32;
+    if constexpr (Nibbles) {
+      const __m256i mask = _mm256_set1_epi8(15);
+      for (int i = 0; i < 4; ++i) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64));
+        w[i] = _mm256_and_si256(v, mask);
+        w[i + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+      }
+    } else {
+      for (int i = 0; i < 8; ++i)
+        w[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * 64));
+    }
+    const float* scb = sc + ((g * B + b) * 2) * LANES + h * HALF;
+    const __m256 d = _mm256_loadu_ps(scb), m = _mm256_loadu_ps(scb + LANES);
+    for (int r = 0; r < R; ++r) {
+      const __m256 dot = _mm256_cvtepi32_ps(dot_block<Nibbles>(w, qx + (r0 + r) * K + b * QK));
+      const float* x2 = xs + ((r0 + r) * B + b) * 2;
+      acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(x2[0])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x2[1]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * N + g * LANES + h * HALF, acc[r]);
+}
+
+template <bool Nibbles>
+void gemm(const int8_t* qx, const float* xs, int64_t M, int64_t K, int64_t N, const uint8_t* w,
+          const float* sc, float* y) {
+  constexpr int64_t R2 = 2;  // rows a pass: 8 weight registers, R accumulators and temporaries
+  at::parallel_for(0, N / LANES * 2, 4, [&](int64_t i0, int64_t i1) {
+    for (int64_t p = 0; p < M; p += PANEL) {
+      const int64_t pe = std::min(M, p + PANEL);
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t r0 = p; r0 < pe; r0 += R2) {
+          if (pe - r0 >= R2) {
+            tile<R2, Nibbles>(qx, xs, K, r0, i / 2, i % 2, N, w, sc, y);
+          } else {
+            tile<1, Nibbles>(qx, xs, K, r0, i / 2, i % 2, N, w, sc, y);
+          }
+        }
+    }
+  });
+}
 #else
 constexpr bool kNative = false;
 #endif
@@ -159,6 +265,18 @@ void gemm_portable(const int8_t* qx, const float* xs, int64_t M, int64_t K, int6
 }  // namespace
 
 bool q8_native() { return kNative; }
+
+std::string q8_path() {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  return "avx512-vnni";
+#elif defined(__AVX2__) && defined(__AVXVNNI__)
+  return "avx-vnni";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
 
 std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
@@ -198,6 +316,14 @@ torch::Tensor q8_mm(const torch::Tensor& qx, const torch::Tensor& xs, const torc
     gemm(qp, xsp, M, K, N, Nibbles{wp, B}, scp, yp);
   } else {
     gemm(qp, xsp, M, K, N, Bytes{wp, B}, scp, yp);
+  }
+#elif defined(__AVX2__)
+  if (portable) {
+    gemm_portable(qp, xsp, M, K, N, wp, scp, nibbles, yp);
+  } else if (nibbles) {
+    gemm<true>(qp, xsp, M, K, N, wp, scp, yp);
+  } else {
+    gemm<false>(qp, xsp, M, K, N, wp, scp, yp);
   }
 #else
   (void)portable;

@@ -4,10 +4,12 @@
 
 #include <torch/extension.h>
 
+#include <string>
 #include <tuple>
 
 namespace trtllm_gateway {
 bool q8_native();
+std::string q8_path();  // "avx512-vnni", "avx-vnni", "avx2" or "portable"
 std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& x);
 torch::Tensor q8_mm(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& w,
                     const torch::Tensor& sc, bool nibbles, bool portable);

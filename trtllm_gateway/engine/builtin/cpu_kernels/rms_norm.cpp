@@ -14,8 +14,8 @@ namespace trtllm_gateway {
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 matrix");
-  const int64_t T = x.size(0), H = x.size(1);
-  TORCH_CHECK(H % 16 == 0 && weight.numel() == H && weight.scalar_type() == at::kFloat &&
+  const int64_t T = x.size(0), C = x.size(1);
+  TORCH_CHECK(C % 16 == 0 && weight.numel() == C && weight.scalar_type() == at::kFloat &&
               weight.is_contiguous());
   torch::Tensor y = torch::empty_like(x);
   const float* xp = x.data_ptr<float>();
@@ -23,14 +23,18 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const float* xr = xp + t * H;
-      f32x16 ss{};
-      for (int64_t j = 0; j < H; j += 16) ss += load16(xr + j) * load16(xr + j);
-      const float inv = 1.f / std::sqrt(hsum(ss) / static_cast<float>(H) + static_cast<float>(eps));
-      for (int64_t j = 0; j < H; j += 16) {
-        const f32x16 v = load16(xr + j) * inv * load16(wp + j);
-        std::memcpy(yp + t * H + j, &v, sizeof v);
-      }
+      const float* xr = xp + t * C;
+      vf ss[H];  // a logical 16-float vector of partial sums of squares
+      for (auto& v : ss) v = vzero();
+      for (int64_t j = 0; j < C; j += 16)
+        for (int h = 0; h < H; ++h) {
+          const vf v = vload(xr + j + h * W);
+          ss[h] = vfma(v, v, ss[h]);
+        }
+      const vf inv = vset(1.f / std::sqrt(hsum16(ss) / static_cast<float>(C) +
+                                          static_cast<float>(eps)));
+      for (int64_t j = 0; j < C; j += W)
+        vstore(yp + t * C + j, vmul(vmul(vload(xr + j), inv), vload(wp + j)));
     }
   });
   return y;
