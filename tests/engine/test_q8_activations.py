@@ -75,7 +75,7 @@ def test_int8_kernel_is_weights_times_quantized_activations(
     assert packed.int8
     x = torch.randn(rows, 576)
     ref = fake_quant(x).double() @ lin.weight.double().T
-    out = packed(x)  # AVX512-VNNI where the CPU has it (CI's does), else the portable loop
+    out = packed(x)  # this build's int8 path: AVX512-VNNI, AVX-VNNI or AVX2 (kernels.q8_path())
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     # int8 is not float32: the gap to the dense product is the activations' rounding.
     assert (out - lin(x)).abs().max() > 1e-4
@@ -109,8 +109,9 @@ async def test_engine_int8_stays_close_to_float32(
     these prompts). Greedy tokens are not compared: with int8 activations a one-ulp change of an
     input can flip a rounding, so even a reference that quantizes the same way diverges from the
     kernels by as much as float32 does; docs/benchmarks.md counts the greedy differences."""
-    if not build.block_gemm().q8_native():  # type: ignore[union-attr]
-        pytest.skip("no AVX512-VNNI here: the loader keeps float32 (the test below)")
+    # Every x86 build but the portable one has native int8 dot products (AVX2 included), and
+    # CI's x86 machines select avx2 or avx512: this runs there; the loader's gate is tested below.
+    assert build.block_gemm().q8_native()  # type: ignore[union-attr]
     int8 = await make_engine(packed_weights="int8")
     f32 = await make_engine(packed_weights="auto")
     model = int8._loaded.model  # type: ignore[union-attr]
@@ -126,14 +127,19 @@ async def test_engine_int8_stays_close_to_float32(
         assert gap.mean() < 0.1 and gap.max() < 0.6, (i, gap.mean(), gap.max())
 
 
-async def test_int8_without_vnni_keeps_float32_activations(
+async def test_int8_on_the_portable_build_keeps_float32_activations(
     make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Only the portable build lacks native int8 dot products (its loop is the tests' reference,
+    slower than float32's): there the loader keeps float32 activations and says why."""
     kernels = build.block_gemm()
     monkeypatch.setattr(kernels, "q8_native", lambda: False)
+    monkeypatch.setattr(kernels, "simd_path", lambda: "portable")
     with caplog.at_level(logging.WARNING):
         engine = await make_engine(packed_weights="int8")
-    assert "int8 activations need AVX512-VNNI" in caplog.text
+    assert "int8 activations need the avx2 or avx512 CPU kernels (this is the portable build)" in (
+        caplog.text
+    )
     packed = [m for m in engine._loaded.model.modules() if isinstance(m, PackedLinear)]  # type: ignore[union-attr]
     assert packed and not any(m.int8 for m in packed)
 

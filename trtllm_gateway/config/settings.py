@@ -93,7 +93,7 @@ class Settings(BaseSettings):
         "values (the default model's) packed and run decode-sized steps through built-in C++ "
         "kernels, compiled on first use (dense if no compiler). int8: also quantize activations "
         "to int8 per 32 values and use integer dot products for every step, prefill included "
-        "(llama.cpp's arithmetic; needs AVX512-VNNI; faster, greedy output can differ from "
+        "(llama.cpp's arithmetic; AVX2 or AVX-512 kernels; faster, greedy output can differ from "
         "float32's). off: dense matmuls only.",
     )
     seed: int = Field(0, description="Seed for requests that give none.")
