@@ -1,21 +1,21 @@
-"""The renderer for formats whose markers are special tokens (harmony, mistral, deepseek, llama3
-JSON): the reply is detokenized with its special tokens, except the final stop token."""
+"""A choice's output for formats whose markers are special tokens (harmony, mistral, deepseek,
+llama3 JSON): the reply is detokenized with its special tokens, except the final stop token."""
 
 from __future__ import annotations
 
 from trtllm_gateway.engine.protocol import TokenEvent
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.openai.chat.reply import ReplyPlan
-from trtllm_gateway.openai.choice_output import ChoiceRenderer
+from trtllm_gateway.openai.choice_output import ChoiceOutput
 
 
 def test_special_tokens_kept_but_not_the_stop_token(tokenizer: Tokenizer) -> None:
     start, end = tokenizer.encode("<|im_start|><|im_end|>", add_special_tokens=False)
     body = tokenizer.encode("hello", add_special_tokens=False)
     events = [TokenEvent((start,)), TokenEvent(tuple(body)), TokenEvent((end,), None, "stop", end)]
-    kept = ChoiceRenderer(tokenizer, keep_special_tokens=True)
+    kept = ChoiceOutput(tokenizer, keep_special_tokens=True)
     assert "".join(kept.feed(e).text for e in events) == "<|im_start|>hello"
-    plain = ChoiceRenderer(tokenizer)
+    plain = ChoiceOutput(tokenizer)
     assert "".join(plain.feed(e).text for e in events) == "hello"
 
 

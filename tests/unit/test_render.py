@@ -1,4 +1,4 @@
-"""openai/choice_output.py: stop strings and multi-byte hold-back, finish, logprob shapes."""
+"""openai/choice_output.py (stop strings and multi-byte hold-back, finish), openai/logprobs.py."""
 
 from __future__ import annotations
 
@@ -8,16 +8,12 @@ import pytest
 
 from trtllm_gateway.engine.protocol import TokenEvent, TokenLogprob, Usage
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.openai.choice_output import (
-    ChoiceDelta,
-    ChoiceRenderer,
-    chat_logprobs,
-    completion_logprobs,
-)
+from trtllm_gateway.openai.choice_output import ChoiceDelta, ChoiceOutput
+from trtllm_gateway.openai.logprobs import chat_logprobs, completion_logprobs
 
 
 def run(
-    renderer: ChoiceRenderer, ids: Sequence[int], eos: int | None = None, per_event: int = 1
+    renderer: ChoiceOutput, ids: Sequence[int], eos: int | None = None, per_event: int = 1
 ) -> list[ChoiceDelta]:
     """Feed ids in events of `per_event` tokens; the last event finishes (with eos if given)."""
     ids = [*ids, eos] if eos is not None else list(ids)
@@ -43,7 +39,7 @@ def text_of(deltas: Sequence[ChoiceDelta]) -> str:
 
 def test_plain_text_and_finish(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("Hello world 你好", add_special_tokens=False)
-    r = ChoiceRenderer(tokenizer)
+    r = ChoiceOutput(tokenizer)
     deltas = run(r, ids)
     assert text_of(deltas) == "Hello world 你好"
     assert deltas[-1].finish_reason == "length"
@@ -55,7 +51,7 @@ def test_plain_text_and_finish(tokenizer: Tokenizer) -> None:
 def test_stop_string_split_across_tokens(tokenizer: Tokenizer, per_event: int) -> None:
     text = "Hello world STOP here"
     ids = tokenizer.encode(text, add_special_tokens=False)
-    r = ChoiceRenderer(tokenizer, stop=["STOP"])
+    r = ChoiceOutput(tokenizer, stop=["STOP"])
     deltas = run(r, ids, per_event=per_event)
     assert text_of(deltas) == "Hello world "
     assert (r.finish_reason, r.stop_reason) == ("stop", "STOP")
@@ -65,14 +61,14 @@ def test_stop_string_split_across_tokens(tokenizer: Tokenizer, per_event: int) -
 
 def test_include_stop_str_in_output(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("Hello world STOP here", add_special_tokens=False)
-    r = ChoiceRenderer(tokenizer, stop=["STOP", "zzz"], include_stop_str_in_output=True)
+    r = ChoiceOutput(tokenizer, stop=["STOP", "zzz"], include_stop_str_in_output=True)
     assert text_of(run(r, ids)) == "Hello world STOP"
     assert r.text == "Hello world STOP"
 
 
 def test_partial_stop_is_released(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("the STAR and ST", add_special_tokens=False)
-    r = ChoiceRenderer(tokenizer, stop=["STOP"])
+    r = ChoiceOutput(tokenizer, stop=["STOP"])
     deltas = run(r, ids)
     assert text_of(deltas) == "the STAR and ST"  # the final event flushes the held "ST"
     assert r.finish_reason == "length"
@@ -81,7 +77,7 @@ def test_partial_stop_is_released(tokenizer: Tokenizer) -> None:
 
 def test_earliest_stop_wins(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("one two three", add_special_tokens=False)
-    r = ChoiceRenderer(tokenizer, stop=["three", "two"])
+    r = ChoiceOutput(tokenizer, stop=["three", "two"])
     assert text_of(run(r, ids, per_event=100)) == "one "
     assert r.stop_reason == "two"
 
@@ -89,7 +85,7 @@ def test_earliest_stop_wins(tokenizer: Tokenizer) -> None:
 def test_multibyte_hold_back(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("😀🎉👍🏽", add_special_tokens=False)
     assert len(ids) > 3  # byte-level pieces of the emoji
-    deltas = run(ChoiceRenderer(tokenizer), ids)
+    deltas = run(ChoiceOutput(tokenizer), ids)
     assert all("\ufffd" not in d.text for d in deltas)
     assert any(d.text == "" for d in deltas)
     assert text_of(deltas) == "😀🎉👍🏽"
@@ -99,10 +95,10 @@ def test_stop_token_id_reason_and_eos(tokenizer: Tokenizer) -> None:
     eos = tokenizer.eos_token_id
     assert eos is not None
     ids = tokenizer.encode("Hi", add_special_tokens=False)
-    r = ChoiceRenderer(tokenizer)
+    r = ChoiceOutput(tokenizer)
     assert text_of(run(r, ids, eos=eos)) == "Hi"
     assert (r.finish_reason, r.stop_reason) == ("stop", None)
-    r = ChoiceRenderer(tokenizer, stop_token_ids=[eos])
+    r = ChoiceOutput(tokenizer, stop_token_ids=[eos])
     run(r, ids, eos=eos)
     assert r.stop_reason == eos
 

@@ -1,5 +1,5 @@
-"""The fan-out of one HTTP request over its choices: one engine request each, rendered into
-ChoiceDeltas, merged as they come and tagged with the choice index."""
+"""The fan-out of one HTTP request over its choices: one engine request each, turned into
+ChoiceDeltas by its ChoiceOutput, merged as they come and tagged with the choice index."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import cast
 
 from trtllm_gateway.app.metrics import RequestRecorder
 from trtllm_gateway.engine.protocol import Engine, GenerateRequest, TokenEvent
-from trtllm_gateway.openai.choice_output import ChoiceDelta, ChoiceRenderer
+from trtllm_gateway.openai.choice_output import ChoiceDelta, ChoiceOutput
 
 Item = tuple[int, ChoiceDelta]
 
@@ -20,29 +20,29 @@ Item = tuple[int, ChoiceDelta]
 class Choice:
     index: int
     request: GenerateRequest
-    renderer: ChoiceRenderer
+    output: ChoiceOutput
 
 
 async def choice_stream(
     engine: Engine, choice: Choice, recorder: RequestRecorder
 ) -> AsyncGenerator[ChoiceDelta, None]:
-    """One engine request rendered; stops iterating (closing, so aborting, the engine request)
-    as soon as the renderer finishes, e.g. on a stop string."""
-    renderer = choice.renderer
+    """One engine request's deltas; stops iterating (closing, so aborting, the engine request)
+    as soon as the output finishes, e.g. on a stop string."""
+    output = choice.output
     events = cast(AsyncGenerator[TokenEvent, None], engine.generate(choice.request))
     try:
         async with aclosing(events) as engine_events:
             async for event in engine_events:
                 recorder.on_event(event)  # inline rather than a wrapper: one generator hop less
-                yield renderer.feed(event)
-                if renderer.finished and event.finish_reason is None:
+                yield output.feed(event)
+                if output.finished and event.finish_reason is None:
                     break  # a stop string: closing the engine generator aborts the request
     finally:
         # The engine's count when its final event came (it expands image placeholders), else
         # the ids sent: a stop string, a disconnect or an abort ends the request before it.
-        usage = renderer.usage
+        usage = output.usage
         prompt = usage.prompt_tokens if usage is not None else len(choice.request.prompt_token_ids)
-        recorder.finish(renderer.finish_reason, prompt)
+        recorder.finish(output.finish_reason, prompt)
 
 
 async def merge(streams: list[AsyncGenerator[ChoiceDelta, None]]) -> AsyncGenerator[Item, None]:

@@ -1,8 +1,9 @@
-"""Renderer: what a generation endpoint supplies to the shared run (openai/run.py), i.e.
-how its choices' deltas become wire objects; plus the pieces both endpoints' renderers share.
+"""Renderer: the render step of an endpoint (openai/chat/render.py, openai/completions/render.py),
+i.e. how its choices' deltas become wire objects; plus the pieces both endpoints' renderers share.
 
 choice_output.py turns one choice's token events into text deltas; a Renderer turns those deltas
-into the endpoint's chunks (stream=true) or its one response object (stream=false).
+into the endpoint's chunks (stream=true) or its one response object (stream=false), as
+streaming.respond asks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from trtllm_gateway.openai.schemas import SamplingFields
 
 
 class Renderer(Protocol):
-    """Called by GenerationRun only, on the request's task; each call may keep per-choice state."""
+    """Called by streaming.respond only, on the request's task; each call may keep per-choice
+    state."""
 
     def prelude(self) -> Iterable[BaseModel]:
         """Chunks sent before any engine output (stream=true), e.g. chat's role chunks."""

@@ -1,41 +1,41 @@
-"""The one run shape chat and completions share: an endpoint parses its request into choices on a
-GenerationRun and hands it a Renderer; the run owns the rest (admission, the disconnect watcher,
-the fan-out over choices, streaming or not, cancellation).
+"""The run step chat and completions share, and the admission around their handlers.
+
+Each endpoint's handler goes one way, parse -> run -> render (openai/chat/router.py,
+openai/completions/router.py): its parse builds one engine request per choice with Run.choice,
+Run.generate runs them (the fan-out over choices), and streaming.respond renders the deltas
+with the endpoint's Renderer. Nothing here calls back into an endpoint.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Sequence
+from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from trtllm_gateway.app import request_context
+from trtllm_gateway.app.admission import Slot
 from trtllm_gateway.app.cancel import cancel_on_disconnect
 from trtllm_gateway.app.deps import Serving
-from trtllm_gateway.app.sse import EventStreamResponse, frame
+from trtllm_gateway.app.sse import EventStreamResponse
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, SamplingParams
-from trtllm_gateway.openai.choice_output import ChoiceRenderer
-from trtllm_gateway.openai.fanout import Choice, choice_stream, merge
-from trtllm_gateway.openai.renderer import Envelope, Renderer
+from trtllm_gateway.openai.choice_output import ChoiceOutput
+from trtllm_gateway.openai.fanout import Choice, Item, choice_stream, merge
+from trtllm_gateway.openai.renderer import Envelope
 from trtllm_gateway.openai.schemas import SamplingFields
-from trtllm_gateway.openai.streaming import collect, peek_stream, stream_frames
-
-# An endpoint's parse step: add the request's choices to the run, return how to render them.
-Parse = Callable[["GenerationRun"], Awaitable[Renderer]]
 
 
-async def serve(
-    request: Request, serving: Serving, body: SamplingFields, prefix: str, weight: int, parse: Parse
+async def admitted(
+    slot: Slot, request: Request, handler: Coroutine[Any, Any, Response]
 ) -> Response:
-    """Reserve `weight` engine requests before any work (503 + Retry-After when full), parse and
-    run under the disconnect watcher, and release the slot when the response has ended."""
-    run = GenerationRun(serving, body, request_context.new_request_id(prefix))
-    slot = serving.admission.reserve(weight)
+    """Await the handler under the disconnect watcher, holding the admission slot (reserved
+    before any work: a full server answers 503 + Retry-After first) until the response has
+    ended: a stream releases it when it closes."""
     try:
-        response = await cancel_on_disconnect(request.receive, run.respond(parse))
+        response = await cancel_on_disconnect(request.receive, handler)
     except BaseException:
         slot.release()
         raise
@@ -46,34 +46,36 @@ async def serve(
     return response
 
 
-class GenerationRun:
-    """One HTTP request's engine requests, one per choice, and the response built from them."""
+class Run:
+    """One HTTP request's engine requests, one per choice: their ids, and the fan-out that runs
+    them."""
 
     def __init__(self, serving: Serving, body: SamplingFields, request_id: str) -> None:
-        """`request_id`: a valid client X-Request-Id (vLLM does the same), else `{prefix}-{hex}`;
-        the id the response echoes and every log line of the request carries."""
+        """`request_id`: a valid client X-Request-Id (vLLM does the same), else `{prefix}-{hex}`
+        (request_context.new_request_id); the id the response echoes and every log line of the
+        request carries."""
         self.arrival = time.monotonic()
         self.serving = serving
         self.body = body
         # A LoRA adapter's name as the model selects it (vLLM, trtllm-serve); echoed back.
         self.lora_name = body.model if body.model in serving.info.lora_names else None
         self.envelope = Envelope.of(body, request_id, self.lora_name or serving.model_name)
-        self.choices: list[Choice] = []
         self._engine_prefix = _engine_prefix(request_id)
 
     @property
     def request_id(self) -> str:
         return self.envelope.request_id
 
-    def add(
+    def choice(
         self,
+        index: int,
         prompt_token_ids: Sequence[int],
         sampling: SamplingParams,
         images: tuple[ImageInput, ...] = (),
         keep_special_tokens: bool = False,
-    ) -> ChoiceRenderer:
-        """Add the next choice (index = choices so far); its renderer applies the stop strings."""
-        renderer = ChoiceRenderer(
+    ) -> Choice:
+        """Choice `index`: its engine request, and its output, which applies the stop strings."""
+        output = ChoiceOutput(
             self.serving.tokenizer,
             prompt_token_ids,
             stop=self.body.stop_strings,
@@ -81,37 +83,22 @@ class GenerationRun:
             stop_token_ids=sampling.stop_token_ids,
             keep_special_tokens=keep_special_tokens,
         )
-        index = len(self.choices)
         engine_id = f"{self._engine_prefix}-{index}"
         request = GenerateRequest(
             engine_id, tuple(prompt_token_ids), sampling, images, lora_name=self.lora_name
         )
-        self.choices.append(Choice(index, request, renderer))
-        return renderer
+        return Choice(index, request, output)
 
-    async def respond(self, parse: Parse) -> Response:
-        """Parse the request (its choices), start every choice, answer: SSE or one JSON body."""
-        renderer = await parse(self)
+    def generate(self, choices: Sequence[Choice]) -> AsyncGenerator[Item, None]:
+        """Every choice's deltas, merged as they come; the engine requests start when the
+        stream is first iterated."""
         serving = self.serving
-        recorders = serving.metrics.recorders(self.arrival, len(self.choices))
+        recorders = serving.metrics.recorders(self.arrival, len(choices))
         streams = [
             choice_stream(serving.engine, c, recorder)
-            for c, recorder in zip(self.choices, recorders, strict=True)
+            for c, recorder in zip(choices, recorders, strict=True)
         ]
-        items = merge(streams)
-        headers = {"X-Request-Id": self.request_id}
-        if not self.body.stream:
-            response = renderer.response(await collect(items))
-            return JSONResponse(response.model_dump(mode="json"), headers=headers)
-        prelude = [frame(c) for c in renderer.prelude()]  # before the peek: zero tokens so far
-        keepalive_s = serving.settings.sse_keepalive_interval
-        first = await peek_stream(items, keepalive_s)
-        return EventStreamResponse(
-            stream_frames(self.request_id, first, items, prelude, renderer),
-            headers=headers,
-            on_disconnect=serving.metrics.client_disconnected,
-            keepalive_s=keepalive_s,
-        )
+        return merge(streams)
 
 
 def _engine_prefix(request_id: str) -> str:

@@ -1,5 +1,6 @@
-"""The two ways a run's merged deltas leave: SSE frames (after a first-event peek, so errors
-before the first token are real HTTP statuses) or one collected list for the JSON response."""
+"""The render step's response: a run's merged deltas leave as SSE frames (after a first-event
+peek, so errors before the first token are real HTTP statuses) or, collected, as one JSON body;
+the endpoint's Renderer shapes both."""
 
 from __future__ import annotations
 
@@ -10,12 +11,32 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from fastapi.responses import JSONResponse, Response
+
 from trtllm_gateway.app.errors import error_payload
-from trtllm_gateway.app.sse import DONE, error_frame, frame
+from trtllm_gateway.app.sse import DONE, EventStreamResponse, error_frame, frame
 from trtllm_gateway.openai.fanout import Item
 from trtllm_gateway.openai.renderer import Renderer
+from trtllm_gateway.openai.run import Run
 
 logger = logging.getLogger(__name__)
+
+
+async def respond(run: Run, items: AsyncGenerator[Item, None], renderer: Renderer) -> Response:
+    """The run's deltas rendered: SSE (stream=true) or one JSON body."""
+    headers = {"X-Request-Id": run.request_id}
+    if not run.body.stream:
+        response = renderer.response(await collect(items))
+        return JSONResponse(response.model_dump(mode="json"), headers=headers)
+    prelude = [frame(c) for c in renderer.prelude()]  # before the peek: zero tokens so far
+    keepalive_s = run.serving.settings.sse_keepalive_interval
+    first = await peek_stream(items, keepalive_s)
+    return EventStreamResponse(
+        stream_frames(run.request_id, first, items, prelude, renderer),
+        headers=headers,
+        on_disconnect=run.serving.metrics.client_disconnected,
+        keepalive_s=keepalive_s,
+    )
 
 
 async def peek(items: AsyncGenerator[Item, None]) -> Item | None:

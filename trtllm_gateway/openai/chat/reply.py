@@ -3,14 +3,23 @@
 ReplyPlan is decided once per request (which reasoning parser, which tool-call format, or a
 forced call); each choice gets a ReplyParser that chains them: the reasoning parser first, its
 content into the tool parser. ReplyFold accumulates the same deltas into the final message, so
-a non-streamed reply is exactly the concatenation of the streamed one.
+a non-streamed reply is exactly the concatenation of the streamed one. ChoiceReply holds one
+choice's parser and fold, and shapes what they give as the chat wire's deltas and message.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trtllm_gateway.openai.schemas import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
+from trtllm_gateway.openai.choice_output import ChoiceDelta
+from trtllm_gateway.openai.schemas import (
+    ChatResponseMessage,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+)
 from trtllm_gateway.reasoning import create_reasoning_parser
 from trtllm_gateway.tool_parsers import (
     MessageDelta,
@@ -132,3 +141,50 @@ class ReplyFold:
             ToolCall(id=i, function=FunctionCall(name=name, arguments=args))
             for i, name, args in (self.calls[k] for k in sorted(self.calls))
         ]
+
+
+@dataclass(slots=True)
+class ChoiceReply:
+    """One choice's parser and the message its deltas fold into."""
+
+    parser: ReplyParser
+    named: bool = False  # tool_choice forced one function by name
+    fold: ReplyFold = field(default_factory=ReplyFold)
+
+    def feed(self, delta: ChoiceDelta) -> tuple[MessageDelta, str | None]:
+        """The parsed delta and the choice's finish reason (see finish_reason)."""
+        if self.parser.in_reasoning:
+            self.fold.reasoning_tokens += len(delta.token_ids)
+        parsed = self.parser.feed(delta.text)
+        if delta.finish_reason is not None:
+            parsed.extend(self.parser.finish())
+        self.fold.add(parsed)
+        return parsed, self.finish_reason(delta.finish_reason)
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        """ "tool_calls" when the choice called (auto or required) and stopped by itself; a
+        call forced by name ends "stop", as OpenAI answers it (and vLLM since PR #25054)."""
+        called = reason == "stop" and self.fold.calls and not self.named
+        return "tool_calls" if called else reason
+
+    @staticmethod
+    def delta_message(parsed: MessageDelta) -> DeltaMessage:
+        # No empty content: a finish chunk is `delta: {}` as OpenAI sends it, so a streamed
+        # tool-call reply accumulates to content None like the non-streamed message.
+        return DeltaMessage(
+            content=parsed.content or None,
+            reasoning_content=parsed.reasoning or None,
+            reasoning=parsed.reasoning or None,
+            tool_calls=delta_tool_calls(parsed),
+        )
+
+    def message(self) -> ChatResponseMessage:
+        fold = self.fold
+        calls = fold.tool_calls()
+        empty = not fold.content and (calls or fold.reasoning)
+        return ChatResponseMessage(
+            content=None if empty else fold.content,
+            reasoning_content=fold.reasoning or None,
+            reasoning=fold.reasoning or None,
+            tool_calls=calls,
+        )
