@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.cpu_kernels import build
 from trtllm_gateway.engine.builtin.engine import BuiltinEngine
 from trtllm_gateway.engine.model_source import resolve_model
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams, TokenEvent
@@ -44,6 +45,23 @@ def chat_prompts(tokenizer: Any) -> list[list[int]]:
         )
         out.append(tokenizer.encode(text, add_special_tokens=False))
     return out
+
+
+# The CPU kernels' unit tests run each of these build variants. "native" is what this CPU
+# selects: avx2 on CI's AVX2-only EPYC (so there every engine test runs the AVX2 path too) or
+# avx512. "portable" is forced the way GATEWAY_CPU_ISA=portable forces it: the plain x86-64
+# build for CPUs without AVX2 (and the code arm64 compiles), one extra build (1-4 minutes on
+# two cores, cached like the native one). Other variants are not built here (CI time).
+KERNEL_VARIANTS = ("native", "portable")
+
+
+@pytest.fixture(scope="session", params=KERNEL_VARIANTS)
+def kernels(request: pytest.FixtureRequest) -> Any:
+    isa = build.select_isa() if request.param == "native" else request.param
+    k = build.block_gemm(isa)
+    assert k is not None, f"the {isa} CPU kernels must build here (make model builds native)"
+    assert k.simd_path() == ("avx2" if isa == "avxvnni" else isa)  # the build is the variant
+    return k
 
 
 EngineFactory = Callable[..., BuiltinEngine]

@@ -32,13 +32,6 @@ from trtllm_gateway.engine.builtin.packed_linear import (
 from trtllm_gateway.engine.protocol import GenerateRequest
 
 
-@pytest.fixture(scope="module")
-def kernels() -> object:
-    k = build.block_gemm()
-    assert k is not None, "the CPU kernels must build here (make model builds them)"
-    return k
-
-
 def gguf_weights(n: int, k: int, kind: GGMLQuantizationType, seed: int = 0) -> torch.Tensor:
     """A float32 matrix as a GGUF loader sees it: quantized and dequantized by gguf-py."""
     x = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05

@@ -28,13 +28,6 @@ KINDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def kernels() -> Any:
-    k = build.block_gemm()
-    assert k is not None, "the CPU kernels must build here (make model builds them)"
-    return k
-
-
 def fake_quant(x: torch.Tensor) -> torch.Tensor:
     """x as the int8 kernels see it: per 32 values, d = max|x| / 127 and round(x / d) * d."""
     b = x.float().reshape(*x.shape[:-1], -1, 32)

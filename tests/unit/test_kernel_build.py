@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -118,10 +118,11 @@ def test_a_finished_build_is_imported_without_building(
     """The cached folder is used as it is: no compiler, no ninja, no lock (a warm start)."""
     monkeypatch.setattr(build, "compiler_version", lambda _cxx: "c++ 1.0")
     imported: list[Path] = []
-    monkeypatch.setattr(build, "_import", lambda _name, path: imported.append(path) or build)
-    assert build.block_gemm.__wrapped__("avx2") is build
+    module = SimpleNamespace(simd_path=lambda: "avx2", q8_path=lambda: "avx2")  # what it reports
+    monkeypatch.setattr(build, "_import", lambda _name, path: imported.append(path) or module)
+    assert build.block_gemm.__wrapped__("avx2") is module
     assert compiles == ["avx2"] and build.is_built("avx2")
-    assert build.block_gemm.__wrapped__("avx2") is build
+    assert build.block_gemm.__wrapped__("avx2") is module
     assert compiles == ["avx2"]  # the second start imported the cached module
     assert (
         imported[0] == imported[1] == build._module_path(build.build_dir("avx2", "c++ 1.0"), "avx2")
@@ -170,3 +171,16 @@ def test_the_variant_follows_the_cpu_and_the_override(monkeypatch: pytest.Monkey
     monkeypatch.setenv(build.ISA_ENV, "sse9")
     with pytest.raises(ValueError, match="expected one of"):
         build.select_isa()
+
+
+def test_avx_vnni_cpus_get_their_variant_and_the_log_says_what_the_cpu_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    avx2 = frozenset({"sse2", "avx", "avx2", "fma", "f16c", "bmi2"})
+    assert build.supported(avx2 | {"avx_vnni"}) == ["avxvnni", "avx2", "portable"]
+    assert "-mavxvnni" in build.ISAS["avxvnni"].flags
+    monkeypatch.setattr(build, "cpu_flags", lambda: avx2)
+    monkeypatch.delenv(build.ISA_ENV, raising=False)
+    why = build._why(build.select_isa())
+    assert why.startswith("the best this CPU runs; not avx512 (no avx512_vnni, avx512bw, ")
+    assert why.endswith("avxvnni (no avx_vnni)")

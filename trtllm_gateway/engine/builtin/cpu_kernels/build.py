@@ -86,6 +86,11 @@ ISAS: dict[str, Isa] = {
             | {"avx512_vnni"}
         ),
     ),
+    # AVX2 CPUs with AVX-VNNI (Intel client CPUs since Alder Lake): the int8 matmul's 256-bit
+    # vpdpbusd instead of vpmaddubsw + vpmaddwd; the float kernels are avx2's.
+    "avxvnni": Isa(
+        ("-march=haswell", "-mavxvnni"), frozenset({"avx2", "fma", "f16c", "bmi2", "avx_vnni"})
+    ),
     "avx2": Isa(("-march=haswell",), frozenset({"avx2", "fma", "f16c", "bmi2"})),
     "portable": Isa(("-march=x86-64",), frozenset()),
 }
@@ -190,8 +195,25 @@ def block_gemm(isa: str | None = None) -> ModuleType | None:
     except Exception as e:
         logger.warning("CPU kernels unavailable (%s); using dense float32 matmuls", _first(e))
         return None
-    logger.info("CPU kernels: the %s variant (%s)", isa, path.parent)
+    logger.info(
+        "CPU kernels: the %s variant (%s; float kernels %s, int8 dot products %s) from %s",
+        isa,
+        _why(isa),
+        module.simd_path(),
+        module.q8_path(),
+        path.parent,
+    )
     return module
+
+
+def _why(isa: str) -> str:
+    if os.environ.get(ISA_ENV, "").strip():
+        return f"{ISA_ENV}={isa}"
+    missing = [
+        f"{name} (no {', '.join(sorted(ISAS[name].requires - cpu_flags()))})"
+        for name in list(ISAS)[: list(ISAS).index(isa)]
+    ]
+    return "the best this CPU runs" + (f"; not {', '.join(missing)}" if missing else "")
 
 
 def ensure_built(isa: str) -> Path | None:
