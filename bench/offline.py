@@ -22,7 +22,8 @@ from typing import Any
 
 from bench.stats import summarize
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
+from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 
 
@@ -33,7 +34,7 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[tuple[int
 
 
 async def _one(
-    engine: BuiltinEngine, request_id: str, prompt: tuple[int, ...], sp: SamplingParams
+    engine: CoreClient, request_id: str, prompt: tuple[int, ...], sp: SamplingParams
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     stamps: list[float] = []
@@ -48,7 +49,7 @@ async def _one(
 
 
 async def run_load(
-    engine: BuiltinEngine,
+    engine: CoreClient,
     prompts: list[tuple[int, ...]],
     output_len: int,
     concurrency: int,
@@ -77,7 +78,7 @@ async def run_load(
     }
 
 
-async def decode_latency(engine: BuiltinEngine, input_len: int, output_len: int) -> dict[str, Any]:
+async def decode_latency(engine: CoreClient, input_len: int, output_len: int) -> dict[str, Any]:
     """Batch 1: median gap between consecutive tokens of one request (ms/token)."""
     prompt = random_prompts(1, input_len, engine.info.vocab_size, 123)[0]
     sp = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
@@ -92,13 +93,13 @@ async def decode_latency(engine: BuiltinEngine, input_len: int, output_len: int)
     }
 
 
-def roofline(engine: BuiltinEngine, context: float) -> dict[str, Any]:
+def roofline(engine: CoreClient, context: float) -> dict[str, Any]:
     """Bytes one batch-1 decode step must read (weights it touches + KV) over copy bandwidth."""
     import torch
 
     from bench.device import copy_bandwidth
 
-    lm = engine._loaded
+    lm = thread_core(engine).loaded
     assert lm is not None
     model, cfg = lm.model, lm.cfg
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -166,7 +167,7 @@ def parser() -> argparse.ArgumentParser:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings_from(args)
-    engine = BuiltinEngine(settings)
+    engine = core_client(settings, in_thread=True)
     t0 = time.perf_counter()
     await engine.start()
     report: dict[str, Any] = {
@@ -185,7 +186,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             }
         ),
     }
-    lm = engine._loaded
+    lm = thread_core(engine).loaded
     assert lm is not None
     report["dtype"] = str(lm.dtype)
     report["device"] = str(lm.device)
@@ -205,8 +206,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             print(json.dumps({"decode_latency": lat}), flush=True)
         if args.fit_batch:
             # Admit no more sequences than fit at full length: no preemption (recompute) churn.
-            st = engine._stepper
-            assert st is not None
+            st = thread_core(engine)._st
             fit = report["kv_tokens"] // (args.input_len + args.output_len + lm.blocks.block_size)
             st.scheduler.max_batch_size = max(1, min(st.scheduler.max_batch_size, fit))
             report["max_running"] = st.scheduler.max_batch_size

@@ -19,7 +19,8 @@ import statistics
 import time
 
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.builtin.core_launch import core_client
+from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.model_source import resolve_model
 from trtllm_gateway.engine.protocol import (
     GenerateRequest,
@@ -59,7 +60,7 @@ def chat_prompt() -> tuple[int, ...]:
     return tuple(tok.encode(text, add_special_tokens=False))
 
 
-async def one(engine: BuiltinEngine, req: GenerateRequest) -> tuple[float, int]:
+async def one(engine: CoreClient, req: GenerateRequest) -> tuple[float, int]:
     last: TokenEvent | None = None
     async for ev in engine.generate(req):
         last = ev
@@ -69,7 +70,7 @@ async def one(engine: BuiltinEngine, req: GenerateRequest) -> tuple[float, int]:
 
 
 async def cell(
-    engine: BuiltinEngine,
+    engine: CoreClient,
     prompt: tuple[int, ...],
     conc: int,
     guided: bool,
@@ -91,7 +92,7 @@ async def cell(
 
 
 async def main(args: argparse.Namespace) -> None:
-    engine = BuiltinEngine(Settings(device=args.device))
+    engine = core_client(Settings(device=args.device), in_thread=True)
     await engine.start()
     prompt = chat_prompt()
     await cell(engine, prompt, 2, True, 8, "warm")

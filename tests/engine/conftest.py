@@ -1,16 +1,23 @@
-"""Fixtures: the real default model (SmolLM2-135M) in fp32 on CPU, and an engine factory."""
+"""Fixtures: the real default model (SmolLM2-135M) in fp32 on CPU, and an engine factory.
+
+The engine is what --no-engine-process serves: a CoreClient over the EngineCore in a thread, the
+messages encoded as between processes, so every engine test runs the production message path.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
 from trtllm_gateway.engine.builtin.cpu_kernels import build
-from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
+from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.model_source import resolve_model
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams, TokenEvent
 
@@ -64,30 +71,55 @@ def kernels(request: pytest.FixtureRequest) -> Any:
     return k
 
 
-EngineFactory = Callable[..., BuiltinEngine]
+EngineFactory = Callable[..., Coroutine[Any, Any, CoreClient]]
+T = TypeVar("T")
 
 
 @pytest.fixture
 async def make_engine() -> AsyncIterator[EngineFactory]:
-    engines: list[BuiltinEngine] = []
+    engines: list[tuple[CoreClient, Settings]] = []
 
-    async def factory(**overrides: Any) -> BuiltinEngine:
+    async def factory(**overrides: Any) -> CoreClient:
         settings = Settings(**{"dtype": "float32", "device": "cpu", **overrides})
-        engine = BuiltinEngine(settings)
+        engine = core_client(settings, in_thread=True)
         await engine.start()
-        engines.append(engine)
+        engines.append((engine, settings))
         return engine
 
-    yield factory  # type: ignore[misc]
-    for e in engines:
-        # No block may leak: everything finished or aborted has returned its blocks.
-        h = e.health()
+    yield factory
+    for e, settings in engines:
+        # No block may leak: everything finished or aborted has returned its blocks. The health
+        # a batch carried may be a step old: the core's own is not.
+        h = core_of(e).health() if e.health().state == "ready" else e.health()
         assert h.running == 0 and h.waiting == 0, h
-        assert h.kv_usage == 0.0 or e.settings.enable_prefix_caching, h
+        assert h.kv_usage == 0.0 or settings.enable_prefix_caching, h
         await e.stop()
 
 
-async def collect(engine: BuiltinEngine, req: GenerateRequest) -> list[TokenEvent]:
+core_of = thread_core
+
+
+def loaded_model(engine: CoreClient) -> Any:
+    """The model module the core loaded (its layers, PackedLinear or nn.Linear)."""
+    loaded = core_of(engine).loaded
+    assert loaded is not None
+    return loaded.model
+
+
+def embedder_of(engine: CoreClient) -> ImageEmbedder:
+    vision = core_of(engine)._vision
+    assert vision is not None
+    return vision.embedder
+
+
+async def on_vision_loop(engine: CoreClient, coro: Coroutine[Any, Any, T]) -> T:
+    """Await coro on the core's vision thread, where its embedder lives."""
+    vision = core_of(engine)._vision
+    assert vision is not None
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, vision.loop))
+
+
+async def collect(engine: CoreClient, req: GenerateRequest) -> list[TokenEvent]:
     return [ev async for ev in engine.generate(req)]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import EngineFactory, collect, greedy
+from tests.engine.conftest import EngineFactory, collect, embedder_of, greedy, on_vision_loop
 from tests.engine.test_core_process import CoreFactory, make_core
 from tests.engine.test_llava import chat_ids, engine_overrides
 from tests.engine.tiny_llava import build_tiny_llava, sample_images
@@ -33,10 +33,10 @@ async def test_an_embedding_file_answers_as_its_image(
     llava_dir: Path, make_engine: EngineFactory, make_core: CoreFactory
 ) -> None:
     engine = await make_engine(**engine_overrides(llava_dir))
-    assert engine._vision is not None
     image = ImageInput("img", sample_images()[1])
     # The file a client sends: what an encode sibling answers for the image.
-    (file_bytes,) = await engine._vision.encode_frames(b"".join(pixel_frames([image])))
+    body = b"".join(pixel_frames([image]))
+    (file_bytes,) = await on_vision_loop(engine, embedder_of(engine).encode_frames(body))
     embeds = decode_embeds(file_bytes)
     ids = tuple(chat_ids(llava_dir, 1))
     sp = greedy(8, ignore_eos=True)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.engine.conftest import EngineFactory, collect, greedy
-from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError
 
 ATTACK = greedy(8, stop_token_ids=(-100000,), min_tokens=2)
@@ -18,7 +18,7 @@ def _tokens(events: list[Any]) -> list[int]:
     return [t for ev in events for t in ev.token_ids]
 
 
-async def _attack_with_victims(engine: BuiltinEngine, prompts: list[tuple[int, ...]]) -> list[Any]:
+async def _attack_with_victims(engine: CoreClient, prompts: list[tuple[int, ...]]) -> list[Any]:
     attack = GenerateRequest("attack", prompts[0], ATTACK)
     victims = [GenerateRequest(f"v{i}", p, greedy(16)) for i, p in enumerate(prompts[1:4])]
     return await asyncio.gather(

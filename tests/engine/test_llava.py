@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.engine.conftest import EngineFactory, collect, greedy
+from tests.engine.conftest import EngineFactory, collect, embedder_of, greedy
 from tests.engine.tiny_llava import build_tiny_llava, load_hf, sample_images
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
 
@@ -89,8 +89,7 @@ async def test_greedy_matches_transformers(tiny: Path, make_engine: EngineFactor
         )
         events = await collect(engine, req)
         ours = [t for ev in events for t in ev.token_ids]
-        assert engine._vision is not None
-        lens = [e.shape[0] for e in engine._vision.encoder.encode(case)]
+        lens = [e.shape[0] for e in embedder_of(engine).encoder.encode(case)]
         assert ours == hf_greedy(tiny, ids, case, lens), f"case {i}"
         usage = events[-1].usage
         assert usage is not None and usage.prompt_tokens == len(ids) - len(case) + sum(lens)
@@ -100,8 +99,7 @@ async def test_different_images_differ_same_image_hits_caches(
     llava_dir: Path, make_engine: EngineFactory
 ) -> None:
     engine = await make_engine(**engine_overrides(llava_dir))
-    vision = engine._vision
-    assert vision is not None
+    vision = embedder_of(engine)
     ids = tuple(chat_ids(llava_dir, 1))
     red, gradient, _ = sample_images()
     sp = greedy(MAX_TOKENS, ignore_eos=True)

@@ -16,7 +16,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from torch import nn
 
-from tests.engine.conftest import EngineFactory, collect, greedy
+from tests.engine.conftest import EngineFactory, collect, greedy, loaded_model
 from trtllm_gateway.engine.builtin.attention import (
     AttentionMetadata,
     _decode_attention,
@@ -120,11 +120,11 @@ async def test_engine_packs_the_default_model_and_answers_like_dense(
     greedy tokens equal dense float32 on every test prompt."""
     packed = await make_engine(packed_weights="auto")
     dense = await make_engine(packed_weights="off")
-    model = packed._loaded.model  # type: ignore[union-attr]
+    model = loaded_model(packed)
     kinds = [m.kind for m in model.modules() if isinstance(m, PackedLinear)]
     assert kinds.count("q4_1") == 4 * model.cfg.num_layers and kinds.count("q8_0") == 1
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    assert not any(isinstance(m, PackedLinear) for m in dense._loaded.model.modules())  # type: ignore[union-attr]
+    assert not any(isinstance(m, PackedLinear) for m in loaded_model(dense).modules())
     for i, prompt in enumerate(chat_prompts):
         want = await collect(dense, GenerateRequest(f"d{i}", tuple(prompt), greedy(32)))
         got = await collect(packed, GenerateRequest(f"p{i}", tuple(prompt), greedy(32)))

@@ -17,7 +17,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from torch import nn
 
-from tests.engine.conftest import EngineFactory, collect, greedy
+from tests.engine.conftest import EngineFactory, collect, greedy, loaded_model
 from trtllm_gateway.engine.builtin.cpu_kernels import build
 from trtllm_gateway.engine.builtin.packed_linear import PackedLinear, pack_q4_1, pack_q8_0
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
@@ -107,7 +107,7 @@ async def test_engine_int8_stays_close_to_float32(
     assert build.block_gemm().q8_native()  # type: ignore[union-attr]
     int8 = await make_engine(packed_weights="int8")
     f32 = await make_engine(packed_weights="auto")
-    model = int8._loaded.model  # type: ignore[union-attr]
+    model = loaded_model(int8)
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert len(packed) == 4 * model.cfg.num_layers + 1 and all(m.int8 for m in packed)
     for i, prompt in enumerate(chat_prompts):
@@ -133,7 +133,7 @@ async def test_int8_on_the_portable_build_keeps_float32_activations(
     assert "int8 activations need the avx2 or avx512 CPU kernels (this is the portable build)" in (
         caplog.text
     )
-    packed = [m for m in engine._loaded.model.modules() if isinstance(m, PackedLinear)]  # type: ignore[union-attr]
+    packed = [m for m in loaded_model(engine).modules() if isinstance(m, PackedLinear)]
     assert packed and not any(m.int8 for m in packed)
 
 

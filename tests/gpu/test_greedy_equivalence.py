@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
+from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 
 CUDA = torch.device("cuda")
@@ -36,10 +37,10 @@ def shape_file(tmp_path: Path, name: str, layers: int | None) -> Path:
     return path
 
 
-def hf_reference(engine: BuiltinEngine, shape: Path) -> Any:
+def hf_reference(engine: CoreClient, shape: Path) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    lm = engine._loaded
+    lm = thread_core(engine).loaded
     assert lm is not None
     cfg = lm.cfg
     hf = LlamaForCausalLM(LlamaConfig(**json.loads(shape.read_text()), attn_implementation="eager"))
@@ -76,7 +77,7 @@ def reference_greedy(hf: Any, prompt: list[int]) -> tuple[list[int], list[torch.
     return out, logits
 
 
-async def engine_greedy(engine: BuiltinEngine, prompts: list[list[int]]) -> list[list[int]]:
+async def engine_greedy(engine: CoreClient, prompts: list[list[int]]) -> list[list[int]]:
     async def one(i: int, p: list[int]) -> list[int]:
         sp = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
         req = GenerateRequest(request_id=f"r{i}", prompt_token_ids=tuple(p), sampling=sp)
@@ -114,7 +115,7 @@ async def test_engine_matches_fp32_reference(
         max_num_tokens=64,  # the 70-token prompt is prefilled in two chunks
         cuda_graphs=graphs,
     )
-    engine = BuiltinEngine(settings)
+    engine = core_client(settings, in_thread=True)
     await engine.start()
     try:
         rng = random.Random(0)

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.engine import BuiltinEngine
+from trtllm_gateway.engine.builtin.core_launch import core_client
+from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.guided.matcher import apply_bitmask
 from trtllm_gateway.engine.protocol import (
     GenerateRequest,
@@ -52,7 +53,7 @@ def _tokenizer_dir() -> Path:
 @pytest.fixture
 async def engine() -> Any:
     tok = _tokenizer_dir()
-    e = BuiltinEngine(
+    e = core_client(
         Settings(
             model="trtllm_gateway/config/models/smollm2-135m.json",
             load_format="dummy",
@@ -64,14 +65,15 @@ async def engine() -> Any:
             max_model_len=512,
             num_kv_blocks=256,
             max_batch_size=16,
-        )
+        ),
+        in_thread=True,
     )
     await e.start()
     yield e
     await e.stop()
 
 
-async def _run(e: BuiltinEngine, req: GenerateRequest) -> tuple[list[int], str | None]:
+async def _run(e: CoreClient, req: GenerateRequest) -> tuple[list[int], str | None]:
     toks: list[int] = []
     reason = None
     async for ev in e.generate(req):
@@ -80,14 +82,14 @@ async def _run(e: BuiltinEngine, req: GenerateRequest) -> tuple[list[int], str |
     return toks, reason
 
 
-def _decode(e: BuiltinEngine, toks: list[int]) -> str:
+def _decode(e: CoreClient, toks: list[int]) -> str:
     from transformers import PreTrainedTokenizerFast
 
     hf = PreTrainedTokenizerFast.from_pretrained(str(_tokenizer_dir()))
     return str(hf.decode([t for t in toks if t not in e.info.eos_token_ids]))
 
 
-async def test_constrained_rows_conform_beside_free_rows(engine: BuiltinEngine) -> None:
+async def test_constrained_rows_conform_beside_free_rows(engine: CoreClient) -> None:
     prompt = tuple(range(100, 130))
     free = [
         GenerateRequest(f"f{i}", prompt[i:], SamplingParams(max_tokens=12, temperature=0.0))
@@ -116,7 +118,7 @@ async def test_constrained_rows_conform_beside_free_rows(engine: BuiltinEngine) 
 
 
 async def test_bias_allowed_ids_and_isolation_on_cuda(
-    engine: BuiltinEngine, monkeypatch: pytest.MonkeyPatch
+    engine: CoreClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import trtllm_gateway.engine.builtin.admission as admission
 

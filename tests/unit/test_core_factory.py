@@ -1,11 +1,11 @@
-"""--engine-process / --no-engine-process pick the engine the factory builds (nothing started)."""
+"""--engine-process / --no-engine-process pick where the one engine core runs (nothing started)."""
 
 from __future__ import annotations
 
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.config import engine_settings
-from trtllm_gateway.engine.builtin.engine import BuiltinEngine
 from trtllm_gateway.engine.core.client import CoreClient
+from trtllm_gateway.engine.core.inproc import ThreadLauncher
 from trtllm_gateway.engine.core.process import ProcessLauncher
 from trtllm_gateway.engine.factory import create_engine
 
@@ -18,7 +18,8 @@ def test_flag_picks_the_core_client() -> None:
     assert isinstance(engine, CoreClient)
     assert isinstance(engine.launcher, ProcessLauncher)
     assert engine.health().state == "loading"
-    assert isinstance(create_engine(off), BuiltinEngine)
+    threaded = create_engine(off)  # the same client and core; the loop in a thread
+    assert isinstance(threaded, CoreClient) and isinstance(threaded.launcher, ThreadLauncher)
 
 
 def test_the_core_never_gets_the_api_keys() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trtllm_gateway.engine.builtin.stream_interval import StreamInterval
+from trtllm_gateway.engine.core.stream_interval import StreamInterval
 from trtllm_gateway.engine.protocol import EngineDeadError, TokenEvent
 
 

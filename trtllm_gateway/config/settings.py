@@ -100,8 +100,8 @@ class Settings(BaseSettings):
     engine_process: bool = Field(
         True,
         description="Run the built-in engine's step loop in its own process (ZMQ to the "
-        "gateway), so HTTP and the engine do not share one GIL; --no-engine-process keeps it "
-        "in a thread of the gateway (tests, debugging).",
+        "gateway), so HTTP and the engine do not share one GIL; --no-engine-process runs the "
+        "same core and messages in a thread of the gateway (tests, debugging).",
     )
 
     # --- tensorrt-llm -----------------------------------------------------------------------

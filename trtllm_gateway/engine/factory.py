@@ -44,14 +44,11 @@ def _create_local(settings: Settings) -> Engine:
         from trtllm_gateway.engine.builtin.vision.encode_engine import EncodeEngine
 
         return EncodeEngine(settings)
-    if settings.engine == "builtin" and settings.engine_process:
+    if settings.engine == "builtin":
         from trtllm_gateway.engine.builtin.core_launch import core_client
 
-        return core_client(settings)
-    if settings.engine == "builtin":
-        from trtllm_gateway.engine.builtin.engine import BuiltinEngine
-
-        return BuiltinEngine(settings)
+        # --no-engine-process: the same core and messages, in a thread of this process.
+        return core_client(settings, in_thread=not settings.engine_process)
     if settings.engine == "trtllm" and settings.mode == "encode":
         from trtllm_gateway.engine.trtllm.encode import TrtllmEncodeEngine
 

@@ -1,10 +1,9 @@
 """Admission: a request checked against the engine's limits, turned into a Sequence.
 
-One home for what both built-in fronts (EngineCore in its process, BuiltinEngine's thread) refuse
-and how they build a Sequence: the prompt and max_tokens against the context and the KV cache,
-the token ids against the vocabulary, each request's seeded generator, and a decode-side
-request's sibling KV and first token. What only a front knows (its in-flight ids, its state,
-where a grammar compiles) stays with the front.
+What EngineCore refuses and how it builds a Sequence: the prompt and max_tokens against the
+context and the KV cache, the token ids against the vocabulary, each request's seeded generator,
+and a decode-side request's sibling KV and first token. The core itself checks in-flight ids and
+images.
 """
 
 from __future__ import annotations

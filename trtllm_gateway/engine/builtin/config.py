@@ -1,7 +1,7 @@
 """EngineConfig: the settings the built-in engine needs, read once from the gateway's Settings.
 
-Both fronts build it (EngineCore in its process, BuiltinEngine in the gateway) and read their
-limits from it, never from loose Settings fields; the model loader and the image embedder get
+EngineCore builds it on its side of the boundary and reads its limits from it, never from loose
+Settings fields; the model loader and the image embedder get
 `load`, the Settings without what only the HTTP side may hold (API keys).
 """
 

@@ -1,9 +1,10 @@
 """EngineCore: the built-in engine's step loop state, driven by messages (engine/core/messages).
 
-It runs wherever engine/core/loop.py runs it (its own process, or a thread for tests), never on
-the event loop: admission (validation, the seeded generator, the grammar's matcher), KV import and
-export for disaggregation, the stream interval, and the health snapshot each batch carries. Its
-EngineParts (stepper, admission, info) are assembled as BuiltinEngine's are (parts.py).
+The one core of the built-in engine. It runs wherever engine/core/loop.py runs it (its own
+process, or a thread of the gateway with --no-engine-process), never on the event loop:
+admission (validation, in-flight ids, images, the seeded generator, the grammar's matcher), KV
+import and export for disaggregation, the stream interval, and the health snapshot each batch
+carries.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from dataclasses import replace
 
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.config import EngineConfig
-from trtllm_gateway.engine.builtin.core_vision import VisionWorker, images_from_frames
-from trtllm_gateway.engine.builtin.loader import load
+from trtllm_gateway.engine.builtin.core_vision import VisionWorker
+from trtllm_gateway.engine.builtin.loader import LoadedModel, load
 from trtllm_gateway.engine.builtin.outcomes import Emitted
 from trtllm_gateway.engine.builtin.parts import EngineParts, assemble
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.stepper import Stepper
-from trtllm_gateway.engine.builtin.stream_interval import StreamInterval
 from trtllm_gateway.engine.builtin.vision.embedder import create_embedder
+from trtllm_gateway.engine.core.image_body import images_from_body
 from trtllm_gateway.engine.core.messages import (
     Abort,
     Add,
@@ -35,6 +36,7 @@ from trtllm_gateway.engine.core.messages import (
     RequestError,
     Stop,
 )
+from trtllm_gateway.engine.core.stream_interval import StreamInterval
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
 from trtllm_gateway.engine.protocol import (
     EngineError,
@@ -57,6 +59,7 @@ class EngineCore:
         self._interval = StreamInterval(self.config.stream_interval)
         self._pending: Emitted = []
         self._parts: EngineParts | None = None
+        self.loaded: LoadedModel | None = None
         self._vision: VisionWorker | None = None
         self._encoding: dict[str, tuple[Add, bytes | None]] = {}  # images being encoded
         self.info = EngineInfo(model_id="", max_model_len=0, vocab_size=0, eos_token_ids=())
@@ -65,7 +68,7 @@ class EngineCore:
         self._kv_sent = -1
 
     def load(self, progress: Callable[[str], None]) -> Ready:
-        lm = load(self.config.load, progress)
+        lm = self.loaded = load(self.config.load, progress)
         if lm.vision is not None:
             embedder = create_embedder(lm.vision, self.config.load)
             self._vision = VisionWorker(embedder, lm.max_model_len)
@@ -158,6 +161,10 @@ class EngineCore:
             return EngineHealth(state="loading")
         return self._parts.health("draining" if self.stopping else "ready")
 
+    @property
+    def steps_on_cpu(self) -> bool:
+        return self._st.device.type != "cuda"
+
     def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
         """Read-only look at the prefix cache from the probe thread (may be a step stale)."""
         parts = self._parts
@@ -177,11 +184,10 @@ class EngineCore:
 
     def _encode(self, msg: Add, req: GenerateRequest, kv: bytes | None, pixels: bytes) -> None:
         """Images: encode them off the loop; the request is admitted once they are embedded."""
+        self._check_new(msg.request_id)
         if self._vision is None:
             raise InvalidRequestError("model does not accept images")
-        if msg.request_id in self._st.seqs or msg.request_id in self._encoding:
-            raise InvalidRequestError(f"request id {msg.request_id!r} is already in flight")
-        images = images_from_frames(pixels, msg.image_hashes)
+        images = images_from_body(pixels, msg.image_hashes)
         self._encoding[msg.request_id] = (msg, kv)
         self._vision.submit(msg.request_id, replace(req, images=images))
 
@@ -201,6 +207,11 @@ class EngineCore:
             except EngineError as e:
                 self._pending.append((request_id, e))
 
+    def _check_new(self, request_id: str) -> None:
+        st = self._st
+        if request_id in st.seqs or request_id in st.handoffs or request_id in self._encoding:
+            raise InvalidRequestError(f"request id {request_id!r} is already in flight")
+
     def _forget_encode(self, request_id: str) -> None:
         entry = self._encoding.pop(request_id, None)
         if entry is not None:
@@ -219,8 +230,7 @@ class EngineCore:
         self, req: GenerateRequest, msg: Add, kv_blob: bytes | None
     ) -> tuple[Sequence, TokenEvent | None]:
         parts = self._p
-        if msg.request_id in parts.stepper.seqs or msg.request_id in parts.stepper.handoffs:
-            raise InvalidRequestError(f"request id {msg.request_id!r} is already in flight")
+        self._check_new(msg.request_id)  # an encoded request has left _encoding by now
         seq = parts.admission.sequence(req)
         seq.hold_kv = msg.hold_kv
         if req.sampling.guided is not None:

@@ -24,3 +24,12 @@ def core_client(settings: Settings, *, in_thread: bool = False) -> CoreClient:
         else ProcessLauncher(config.load, EngineCore)
     )
     return CoreClient(launcher, config.model_id, config.block_size)
+
+
+def thread_core(client: CoreClient) -> EngineCore:
+    """The EngineCore behind a client made with in_thread=True, once started: a look inside
+    for tests and the offline benchmarks (what it holds belongs to the core's thread)."""
+    launcher = client.launcher
+    if not isinstance(launcher, ThreadLauncher) or not isinstance(launcher.core, EngineCore):
+        raise TypeError("not a started in-thread built-in engine core")
+    return launcher.core

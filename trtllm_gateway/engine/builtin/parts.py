@@ -1,9 +1,8 @@
-"""EngineParts: what a built-in front builds around a LoadedModel, built the same way for both.
+"""EngineParts: what EngineCore builds around a LoadedModel once it has loaded.
 
-EngineCore (its own process) and BuiltinEngine (a thread of the gateway) each hold one: the
-Stepper the step loop drives, the Admission that turns requests into Sequences, the factory of
-grammar matchers, and the EngineInfo they announce. The prefix cache reports to the front's
-KvEventLog from event 0 (an empty cache) on.
+The Stepper the step loop drives, the Admission that turns requests into Sequences, the factory
+of grammar matchers, and the EngineInfo the core announces. The prefix cache reports to the
+core's KvEventLog from event 0 (an empty cache) on.
 """
 
 from __future__ import annotations

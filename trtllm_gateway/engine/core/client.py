@@ -27,12 +27,12 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from trtllm_gateway.engine.builtin.core_vision import pixel_frames
-from trtllm_gateway.engine.builtin.front import follow, prefill_result
 from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core import shm_blob
+from trtllm_gateway.engine.core.image_body import images_body
 from trtllm_gateway.engine.core.launch import Launcher
 from trtllm_gateway.engine.core.loop import SOCKET_DIR_PREFIX, Addresses
+from trtllm_gateway.engine.core.stream import follow, prefill_result
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_from_json
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
@@ -193,7 +193,9 @@ class CoreClient:
     def _add(self, req: GenerateRequest, hold_kv: bool) -> tuple[m.Add, list[bytes]]:
         """The Add message and the frames after it: the sibling's KV, then the pixels."""
         self._check_serving()
-        if req.request_id in self._queues:
+        if (
+            req.request_id in self._queues
+        ):  # its queue would be taken over; the core checks the rest
             raise InvalidRequestError(f"request id {req.request_id!r} is already in flight")
         add = m.Add(req.request_id, req.prompt_token_ids, req.sampling, hold_kv=hold_kv)
         frames: list[bytes] = []
@@ -204,12 +206,10 @@ class CoreClient:
             first = {"first_token_ids": d.first_token_ids, "first_logprobs": d.first_logprobs}
             add = msgspec.structs.replace(add, **first)
             frames.append(d.kv_payload)
-        if req.images:
-            if not self.info.supports_images:
-                raise InvalidRequestError("model does not accept images")
+        if req.images:  # a model without images refuses them in the core (the first event)
             hashes = tuple(img.hash for img in req.images)
             add = msgspec.structs.replace(add, image_hashes=hashes)
-            frames.append(pixel_frames(req.images))
+            frames.append(images_body(req.images))
         return add, frames
 
     async def _stream(self, add: m.Add, frames: list[bytes]) -> AsyncIterator[TokenEvent]:

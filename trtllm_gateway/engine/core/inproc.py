@@ -1,7 +1,12 @@
-"""ThreadLauncher: the same core loop in a thread of the gateway process (tests, debugging).
+"""ThreadLauncher: the same core loop in a thread of the gateway process (--no-engine-process).
 
-Messages cross inproc:// sockets of one ZMQ context, encoded exactly as between processes, so a
-test of the client over a thread exercises the whole wire path but the spawn.
+Messages cross inproc:// sockets of one ZMQ context, encoded exactly as between processes, so
+the engine tests, the offline benchmarks and --no-engine-process all run the message path that
+serves users, but the spawn. The core loads and steps in this one thread: torch's OpenMP threads
+belong to the thread that runs a parallel region, and a model loaded in one thread and stepped
+in another leaves two teams of them; with more OpenMP threads than cores libgomp stops
+spin-waiting and every parallel op waits to wake its threads (a CPU decode step took 1.3-2x as
+long, bench.cpu_step).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import zmq
 
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.core.launch import CoreFactory
-from trtllm_gateway.engine.core.loop import Addresses, run_core
+from trtllm_gateway.engine.core.loop import Addresses, Core, run_core
 
 
 class ThreadLauncher:
@@ -23,10 +28,15 @@ class ThreadLauncher:
         self.factory = factory
         self._thread: threading.Thread | None = None
         self._code: int | None = None
+        self.core: Core | None = None  # once made: a look inside for tests and debugging
+
+    def _make(self) -> Core:
+        self.core = self.factory(self.settings)
+        return self.core
 
     def start(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses) -> None:
         def run() -> None:
-            self._code = run_core(lambda: self.factory(self.settings), ctx, addrs)
+            self._code = run_core(self._make, ctx, addrs, shares_gil=True)
 
         self._thread = threading.Thread(target=run, name="engine-core", daemon=True)
         self._thread.start()

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -63,6 +64,10 @@ class Core(Protocol):
     def step(self) -> None: ...
     def batch(self) -> m.OutputBatch: ...
     def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int: ...
+    @property
+    def steps_on_cpu(self) -> bool:
+        """A step holds the GIL throughout (a CUDA step drops it while it waits on the GPU)."""
+        ...
 
 
 def run_core(
@@ -70,8 +75,12 @@ def run_core(
     ctx: zmq.Context[zmq.Socket[bytes]],
     addrs: Addresses,
     parent_sentinel: int | None = None,
+    shares_gil: bool = False,
 ) -> int:
-    """Load the core, then serve until Stop; the exit status (0 after Stop, 1 on failure)."""
+    """Load the core, then serve until Stop; the exit status (0 after Stop, 1 on failure).
+
+    shares_gil: the loop runs in a thread of the gateway (inproc.py), beside its event loop.
+    """
     inbox = ctx.socket(zmq.PULL)
     outbox = ctx.socket(zmq.PUSH)
     outbox.setsockopt(zmq.SNDHWM, 0)
@@ -98,7 +107,8 @@ def run_core(
         )
         probe.start()
         try:
-            status = _serve(core, inbox, outbox, parent_sentinel, shared)
+            yield_gil = shares_gil and core.steps_on_cpu
+            status = _serve(core, inbox, outbox, parent_sentinel, shared, yield_gil)
             if status == PARENT_GONE and parent_sentinel is not None:
                 _remove_socket_dir(addrs)
             return status
@@ -125,6 +135,7 @@ def _serve(
     outbox: zmq.Socket[bytes],
     parent: int | None,
     shared: collections.deque[str] | None,
+    yield_gil: bool,
 ) -> int:
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
@@ -162,6 +173,14 @@ def _serve(
         if last is None or _changed(batch, last):
             outbox.send(m.encode(batch))
             last = batch
+        if yield_gil:
+            # In a thread beside the event loop, hand it the GIL between CPU steps. A CPU step
+            # is hundreds of eager ops that each drop and retake the GIL; letting the loop
+            # render its chunks here, in one go, keeps it from retaking the GIL mid-step
+            # (served tok/s at concurrency 8: 40-49 with the yield, 35 without). A CUDA step
+            # drops the GIL only while it waits on the GPU, which is when the loop should run:
+            # there the yield cost 7-34% of offline and ~20% of served throughput (H100, 135M).
+            time.sleep(0)
 
 
 def _changed(batch: m.OutputBatch, last: m.OutputBatch) -> bool:

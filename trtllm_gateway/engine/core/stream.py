@@ -1,8 +1,8 @@
-"""What the built-in engine's two asyncio fronts share: a request's event queue, a prefill's end.
+"""A request's stream on the client side: its event queue drained, a prefill's end.
 
-BuiltinEngine (the step loop in a thread) and CoreClient (the step loop in the core process) each
-fill one asyncio.Queue per request and hand a context phase's events back as a PrefillResult;
-both do it here, so the two modes stream and answer a sibling alike.
+CoreClient fills one asyncio.Queue per request from the core's OutputBatches; the generator here
+owns the request (closed early, it aborts it), merges what a slow consumer let pile up, and a
+context phase's events become the PrefillResult a sibling pulls the KV with.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
-from trtllm_gateway.engine.builtin.stream_interval import merge_events
+from trtllm_gateway.engine.core.stream_interval import merge_events
 from trtllm_gateway.engine.protocol import EngineError, OverloadedError, PrefillResult, TokenEvent
 
 E = TypeVar("E", bound=BaseException)
