@@ -13,10 +13,11 @@ from asgi_lifespan import LifespanManager
 from tests.conftest import wait_ready
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
 from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.fake import FakeEngine
-from trtllm_gateway.engine.protocol import EngineExtras, EngineInfo
+from trtllm_gateway.engine.protocol import EngineInfo
 
 
 class EncodingFakeEngine(FakeEngine):

@@ -8,13 +8,14 @@ from pathlib import Path
 
 from tests.standin import ensure_on_path
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.capabilities import KvEventSource
 from trtllm_gateway.engine.kv_events.log import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KvEventLog,
 )
-from trtllm_gateway.engine.protocol import GenerateRequest, KvEventSource, SamplingParams
+from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 from trtllm_gateway.engine.trtllm.kv_events import TrtllmKvEvents
 
 ensure_on_path()

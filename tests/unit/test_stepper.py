@@ -281,7 +281,6 @@ STEP_MODULES = [
         "scheduler",
         "sampler",
         "core",
-        "engine",
         "parts",
         "admission",
         "config",

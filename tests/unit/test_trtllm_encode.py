@@ -219,3 +219,21 @@ async def test_image_embeds_parts_answer_as_their_image(llava_dir: Path, tmp_pat
             part = {"type": "image_embeds", "image_embeds": _data_url(wrong, octet)}
             r = await client.post("/v1/chat/completions", json=chat(part))
             assert r.status_code == 400 and "layout" in r.json()["error"]["message"]
+
+
+async def test_an_encode_instance_refuses_generation_with_a_400(
+    encode_app: httpx.ASGITransport,
+) -> None:
+    """An encode instance is an EngineBase, not an Engine: it has no generate/prefill to raise
+    from; the serving dependency answers the generation routes."""
+    async with httpx.AsyncClient(transport=encode_app, base_url="http://e") as client:
+        for path, body in [
+            (
+                "/v1/chat/completions",
+                {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            ),
+            ("/v1/completions", {"model": "m", "prompt": "x"}),
+        ]:
+            r = await client.post(path, json=body)
+            assert r.status_code == 400, r.text
+            assert "only runs the vision encoder" in r.json()["error"]["message"]

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from trtllm_gateway.app.admission import Admission
-from trtllm_gateway.app.errors import ServiceUnavailableError
+from trtllm_gateway.app.errors import BadRequestError, ServiceUnavailableError
 from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.state import State
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.protocol import Engine, EngineInfo
+from trtllm_gateway.engine.protocol import Engine, EngineBase, EngineInfo
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
 _NOT_READY = {
@@ -50,15 +50,29 @@ class Serving:
     admission: Admission
 
 
-def get_serving(state: StateDep) -> Serving:
+def get_ready_engine(state: StateDep) -> EngineBase:
     """Raises 503 (OpenAI error body) unless the engine is ready to take requests."""
     health = state.health()
     if health.state != "ready" or state.tokenizer is None:
         message = _NOT_READY.get(health.state, _NOT_READY["loading"])
         raise ServiceUnavailableError(message, code=f"engine_{health.state}")
+    return state.engine
+
+
+ReadyEngineDep = Annotated[EngineBase, Depends(get_ready_engine)]
+
+
+def get_serving(state: StateDep, engine: ReadyEngineDep) -> Serving:
+    """A ready engine that serves requests: 503 unless ready, 400 on an encode instance."""
+    assert state.tokenizer is not None  # get_ready_engine checked it
+    if not isinstance(engine, Engine):
+        raise BadRequestError(
+            "This instance only runs the vision encoder (--mode encode); send requests to the "
+            "instances it encodes for."
+        )
     return Serving(
-        engine=state.engine,
-        info=state.engine.info,
+        engine=engine,
+        info=engine.info,
         tokenizer=state.tokenizer,
         metrics=state.metrics,
         settings=state.settings,

@@ -20,9 +20,10 @@ from trtllm_gateway.app.drain import Drain
 from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.state import State
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.capabilities import EngineExtras, KvEventSource
 from trtllm_gateway.engine.factory import create_engine
 from trtllm_gateway.engine.kv_events.zmq_publisher import ZmqKvPublisher
-from trtllm_gateway.engine.protocol import Engine, EngineExtras, KvEventSource
+from trtllm_gateway.engine.protocol import EngineBase
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache
 
@@ -75,7 +76,7 @@ def _bind_metrics(state: State, extras: EngineExtras) -> None:
 
 
 def create_lifespan(
-    settings: Settings, engine: Engine | None, metrics: GatewayMetrics, drain: Drain
+    settings: Settings, engine: EngineBase | None, metrics: GatewayMetrics, drain: Drain
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, State]]]:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, State]]:

@@ -23,14 +23,14 @@ from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.request_context import HEADER, RequestContextMiddleware
 from trtllm_gateway.app.version import VERSION
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.protocol import Engine
+from trtllm_gateway.engine.protocol import EngineBase
 from trtllm_gateway.internal_api import disagg, encode, kv_events
 from trtllm_gateway.openai import models
 from trtllm_gateway.openai.chat import router as chat
 from trtllm_gateway.openai.completions import router as completions
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+def create_app(settings: Settings, engine: EngineBase | None = None) -> FastAPI:
     """The ASGI app. Without `engine`, the lifespan builds one from settings (create_engine).
 
     `app.state.drain` is the app's Drain; the server (app/server.py) runs it on SIGTERM.

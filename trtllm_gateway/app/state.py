@@ -10,7 +10,7 @@ import httpx
 from trtllm_gateway.app.admission import Admission
 from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.protocol import Engine, EngineHealth
+from trtllm_gateway.engine.protocol import EngineBase, EngineHealth
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache
 
@@ -18,7 +18,7 @@ from trtllm_gateway.multimodal import MediaCache
 @dataclass
 class State:
     settings: Settings
-    engine: Engine
+    engine: EngineBase
     metrics: GatewayMetrics
     http: httpx.AsyncClient
     tokenizer: Tokenizer | None = None

@@ -5,16 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.protocol import Engine
+from trtllm_gateway.engine.protocol import Engine, EngineBase
 
 
-def create_engine(settings: Settings) -> Engine:
+def create_engine(settings: Settings) -> EngineBase:
     """Construct (not start) the engine; loading happens in Engine.start() under the lifespan.
 
     A decode instance with --prefill-url gets its engine wrapped for remote prefill.
     """
     engine = _create_local(settings)
     if settings.mode == "decode" and settings.prefill_url:
+        assert isinstance(engine, Engine)  # a decode instance generates
         from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
         from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 
@@ -39,7 +40,7 @@ def preflight(settings: Settings) -> None:
         )
 
 
-def _create_local(settings: Settings) -> Engine:
+def _create_local(settings: Settings) -> EngineBase:
     if settings.engine == "builtin" and settings.mode == "encode":
         from trtllm_gateway.engine.builtin.vision.encode_engine import EncodeEngine
 

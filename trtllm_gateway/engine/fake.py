@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineDeadError,
     EngineError,
-    EngineExtras,
     EngineHealth,
     EngineInfo,
     EngineState,

@@ -1,18 +1,19 @@
 """The one engine boundary: the Engine protocol, its frozen request/event dataclasses and errors.
 
-Routers import only this module and engine.tokenizer. Nothing here knows HTTP, pydantic or tensors.
+EngineBase is what every engine is to the app (start, stop, health, info); Engine adds serving
+requests. What only some engines can do (hand KV to a sibling, publish KV events, encode images
+for a sibling) is a capability in engine/capabilities.py. Nothing here knows HTTP, pydantic or
+tensors.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from trtllm_gateway.engine.disagg.stats import KvRoutingStats, RemotePrefillStats
-from trtllm_gateway.engine.kv_events.log import KvEventLog
+if TYPE_CHECKING:  # what the app reads besides serving: engine/capabilities.py
+    from trtllm_gateway.engine.capabilities import EngineExtras
 
 FinishReason = Literal["stop", "length", "abort"]
 EngineState = Literal["loading", "ready", "draining", "dead"]
@@ -177,21 +178,6 @@ class EngineHealth:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class EngineExtras:
-    """What the app reads from an engine besides serving it, complete once start() returned.
-
-    Declared as one protocol member rather than fetched with getattr: a wrapper that forwards
-    `extras` (RemotePrefillEngine) forwards every field, present and future, and mypy sees them.
-    The stats are live objects that the engine keeps counting into; /metrics reads them.
-    """
-
-    tokenizer_dir: Path | None = None  # the model directory the engine resolved
-    remote_prefill: RemotePrefillStats | None = None  # decode instances with --prefill-url
-    kv_routing: KvRoutingStats | None = None  # --kv-routing over several prefill siblings
-    remote_encode: Counter[str] | None = None  # --encode-url on a vision model: by outcome
-
-
 class EngineError(Exception):
     """Base of every error an engine raises; app/errors.py maps them to HTTP."""
 
@@ -232,8 +218,9 @@ class RemotePrefillFailedError(EngineError):
 
 
 @runtime_checkable
-class Engine(Protocol):
-    """What every engine implements. Only the lifespan calls start/stop."""
+class EngineBase(Protocol):
+    """What every engine is to the app, an encode-only one too. Only the lifespan calls
+    start/stop."""
 
     info: EngineInfo
 
@@ -252,6 +239,11 @@ class Engine(Protocol):
         """Cheap, non-blocking snapshot for /health and the metrics gauges."""
         ...
 
+
+@runtime_checkable
+class Engine(EngineBase, Protocol):
+    """An engine that serves generation requests (every mode but encode)."""
+
     def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         """Stream token events for one request.
 
@@ -267,30 +259,3 @@ class Engine(Protocol):
 
     def abort(self, request_id: str) -> None:
         """Idempotent; unknown ids are ignored."""
-
-
-@runtime_checkable
-class KvHandoff(Protocol):
-    """Engines whose context phase leaves KV for a sibling to pull over HTTP (the built-in one).
-
-    TensorRT-LLM moves KV itself (cache transceiver), so its adapter does not implement this.
-    """
-
-    async def pull_kv(self, ctx_request_id: str) -> bytes:
-        """The held prompt KV of a finished prefill as a kv_wire blob; frees the blocks."""
-        ...
-
-    def release_kv(self, ctx_request_id: str) -> None:
-        """Free held KV without pulling it (the decode side gave up); idempotent."""
-
-    def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
-        """Prompt tokens the local prefix cache already holds (conditional disaggregation)."""
-        ...
-
-
-@runtime_checkable
-class KvEventSource(Protocol):
-    """Engines that publish KV-cache events for KV-aware routers: the built-in one always,
-    TensorRT-LLM with --enable-kv-events. Read by /internal/v1/kv-events and --kv-events-zmq."""
-
-    kv_event_log: KvEventLog

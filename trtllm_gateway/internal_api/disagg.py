@@ -23,14 +23,10 @@ from fastapi.responses import StreamingResponse
 from trtllm_gateway.app.cancel import cancel_on_disconnect
 from trtllm_gateway.app.deps import ServingDep
 from trtllm_gateway.app.errors import BadRequestError, NotFoundError
+from trtllm_gateway.engine.capabilities import KvHandoff
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.guided.compile import check_guided
-from trtllm_gateway.engine.protocol import (
-    EngineError,
-    GenerateRequest,
-    InvalidRequestError,
-    KvHandoff,
-)
+from trtllm_gateway.engine.protocol import EngineError, GenerateRequest, InvalidRequestError
 from trtllm_gateway.openai import validation
 
 CHUNK = 1 << 20

@@ -11,17 +11,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from trtllm_gateway.app.cancel import cancel_on_disconnect
-from trtllm_gateway.app.deps import ServingDep
+from trtllm_gateway.app.deps import ReadyEngineDep
 from trtllm_gateway.app.errors import NotFoundError
-from trtllm_gateway.engine.disagg.embed_wire import CONTENT_TYPE, ImageEncoding
+from trtllm_gateway.engine.capabilities import ImageEncoding
+from trtllm_gateway.engine.disagg.embed_wire import CONTENT_TYPE
 from trtllm_gateway.engine.disagg.sibling_wire import ENCODE_PATH
 
 router = APIRouter(tags=["encode"], include_in_schema=False)
 
 
 @router.post(ENCODE_PATH)
-async def encode(request: Request, serving: ServingDep) -> Response:
-    engine = serving.engine
+async def encode(request: Request, engine: ReadyEngineDep) -> Response:
     if not isinstance(engine, ImageEncoding):
         raise NotFoundError("This instance does not encode images (start one with --mode encode).")
     body = await request.body()

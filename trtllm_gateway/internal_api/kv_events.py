@@ -21,9 +21,9 @@ from fastapi.responses import Response, StreamingResponse
 
 from trtllm_gateway.app.deps import ServingDep, StateDep
 from trtllm_gateway.app.errors import NotFoundError
+from trtllm_gateway.engine.capabilities import KvEventSource
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
-from trtllm_gateway.engine.protocol import KvEventSource
 
 CHUNK_EVENTS = 1000
 

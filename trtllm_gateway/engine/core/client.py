@@ -27,6 +27,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core import shm_blob
 from trtllm_gateway.engine.core.image_body import images_body
@@ -37,7 +38,6 @@ from trtllm_gateway.engine.kv_events.log import KvEventLog, event_from_json
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
     EngineError,
-    EngineExtras,
     EngineHealth,
     EngineInfo,
     EngineState,

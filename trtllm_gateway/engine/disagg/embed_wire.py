@@ -17,7 +17,7 @@ import math
 import struct
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal
 
 from blake3 import blake3
 
@@ -109,15 +109,3 @@ def _check_size(h: FrameHeader) -> None:
         raise EmbedWireError(f"unsupported dtype {h.dtype!r}")
     if any(d < 0 for d in h.shape) or math.prod(h.shape) * itemsize != h.nbytes:
         raise EmbedWireError(f"shape {list(h.shape)} of {h.dtype} is not {h.nbytes} bytes")
-
-
-@runtime_checkable
-class ImageEncoding(Protocol):
-    """An engine that answers sibling encode requests (--mode encode)."""
-
-    async def encode_images(self, body: bytes) -> list[bytes]:
-        """A body of "pixels" frames -> one "embeds" frame per image, in order.
-
-        Raises InvalidRequestError for a malformed body.
-        """
-        ...

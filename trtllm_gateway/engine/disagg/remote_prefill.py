@@ -20,6 +20,7 @@ import httpx
 
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.capabilities import EngineExtras, KvHandoff
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
 from trtllm_gateway.engine.disagg.siblings import Sibling, SiblingPool, sibling_headers
@@ -27,11 +28,9 @@ from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     Engine,
-    EngineExtras,
     EngineHealth,
     EngineInfo,
     GenerateRequest,
-    KvHandoff,
     PrefillResult,
     RemotePrefillFailedError,
     TokenEvent,

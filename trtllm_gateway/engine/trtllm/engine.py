@@ -22,12 +22,12 @@ from typing import Any
 from trtllm_gateway.config.engine_args import TRTLLM_TOKENS_PER_BLOCK, resolve_trtllm_args
 from trtllm_gateway.config.settings import DEFAULT_MODEL, Settings
 from trtllm_gateway.config.trtllm_schema import validated_against
+from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.kv_events.log import KvEventLog
 from trtllm_gateway.engine.model_source import model_display_name, resolve_model
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
     EngineError,
-    EngineExtras,
     EngineHealth,
     EngineInfo,
     EngineState,

@@ -1,0 +1,70 @@
+"""Engine capabilities: what the app reads from an engine, and what only some engines can do.
+
+EngineExtras is read once the engine has started (every engine has it). The rest are checked with
+isinstance where they are used: KvHandoff by the sibling KV endpoints, KvEventSource by the KV
+event stream and its ZMQ publisher, ImageEncoding by the sibling encode endpoint.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from trtllm_gateway.engine.disagg.stats import KvRoutingStats, RemotePrefillStats
+from trtllm_gateway.engine.kv_events.log import KvEventLog
+
+
+@dataclass(frozen=True, slots=True)
+class EngineExtras:
+    """What the app reads from an engine besides serving it, complete once start() returned.
+
+    Declared as one protocol member rather than fetched with getattr: a wrapper that forwards
+    `extras` (RemotePrefillEngine) forwards every field, present and future, and mypy sees them.
+    The stats are live objects that the engine keeps counting into; /metrics reads them.
+    """
+
+    tokenizer_dir: Path | None = None  # the model directory the engine resolved
+    remote_prefill: RemotePrefillStats | None = None  # decode instances with --prefill-url
+    kv_routing: KvRoutingStats | None = None  # --kv-routing over several prefill siblings
+    remote_encode: Counter[str] | None = None  # --encode-url on a vision model: by outcome
+
+
+@runtime_checkable
+class KvHandoff(Protocol):
+    """Engines whose context phase leaves KV for a sibling to pull over HTTP (the built-in one).
+
+    TensorRT-LLM moves KV itself (cache transceiver), so its adapter does not implement this.
+    """
+
+    async def pull_kv(self, ctx_request_id: str) -> bytes:
+        """The held prompt KV of a finished prefill as a kv_wire blob; frees the blocks."""
+        ...
+
+    def release_kv(self, ctx_request_id: str) -> None:
+        """Free held KV without pulling it (the decode side gave up); idempotent."""
+
+    def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
+        """Prompt tokens the local prefix cache already holds (conditional disaggregation)."""
+        ...
+
+
+@runtime_checkable
+class KvEventSource(Protocol):
+    """Engines that publish KV-cache events for KV-aware routers: the built-in one always,
+    TensorRT-LLM with --enable-kv-events. Read by /internal/v1/kv-events and --kv-events-zmq."""
+
+    kv_event_log: KvEventLog
+
+
+@runtime_checkable
+class ImageEncoding(Protocol):
+    """An engine that answers sibling encode requests (--mode encode)."""
+
+    async def encode_images(self, body: bytes) -> list[bytes]:
+        """A body of "pixels" frames -> one "embeds" frame per image, in order.
+
+        Raises InvalidRequestError for a malformed body.
+        """
+        ...
