@@ -27,7 +27,7 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.config import EngineConfig
 from trtllm_gateway.engine.builtin.loader import load
 from trtllm_gateway.engine.builtin.parts import assemble
-from trtllm_gateway.engine.kv_events import KvEventLog
+from trtllm_gateway.engine.kv_events.log import KvEventLog
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 
 # The compiled kernels by cProfile name; every other builtin (torch ops) keeps its own name.
