@@ -12,9 +12,14 @@ from pathlib import Path
 import torch
 
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.attention import decode_kernel, paged_attention
+from trtllm_gateway.engine.builtin.attention import (
+    AttentionMetadata,
+    decode_kernel,
+    paged_attention,
+)
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm, is_built
+from trtllm_gateway.engine.builtin.cpu_threads import sized
 from trtllm_gateway.engine.builtin.model import MLP, Attention, LlamaModel, RMSNorm
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
@@ -166,7 +171,9 @@ def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> Non
         counts = pack_linears(model, kernels, int8)
         acts = "int8 activations, every step" if int8 else "float32 activations, small steps"
         logger.info("packed weights (%s): %s", acts, dict(counts))
-        model.attn_fn = functools.partial(paged_attention, decode=decode_kernel(kernels))
+        # A decode row's attention: heads x context x head_dim, twice (scores, then values).
+        decode = sized(decode_kernel(kernels), _attn_fmas)
+        model.attn_fn = functools.partial(paged_attention, decode=decode)
         for m in model.modules():
             if isinstance(m, RMSNorm):
                 m.kernel = kernels.rms_norm
@@ -174,3 +181,11 @@ def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> Non
                 m.rope_store = kernels.rope_store
             elif isinstance(m, MLP):
                 m.silu_mul = kernels.silu_mul
+
+
+def _attn_fmas(
+    q: torch.Tensor, _k: torch.Tensor, _v: torch.Tensor, meta: AttentionMetadata, _scale: float
+) -> int:
+    """A decode step's attention multiply-adds, at most: rows x heads x head_dim x the longest
+    context, twice (scores, then values)."""
+    return 2 * q.numel() * meta.decode_len

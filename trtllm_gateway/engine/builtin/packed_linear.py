@@ -23,6 +23,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from trtllm_gateway.engine.builtin.cpu_threads import threads_for
 from trtllm_gateway.engine.builtin.model import linear_layers
 
 QK = 32  # weights per block
@@ -122,15 +123,18 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         x2 = x.reshape(rows, x.shape[-1]).contiguous()
+        fmas = rows * self.weight.shape[0] * self.weight.shape[1]
         if self.int8 and rows:
-            qx, xs = self._kernels.quantize_q8(x2)
-            out: torch.Tensor = self._kernels.q8_mm(
-                qx, xs, self.qs, self.scales, self.kind == "q4_1", False
-            )
+            with threads_for(fmas):
+                qx, xs = self._kernels.quantize_q8(x2)
+                out: torch.Tensor = self._kernels.q8_mm(
+                    qx, xs, self.qs, self.scales, self.kind == "q4_1", False
+                )
         elif rows > PACKED_MAX_ROWS or rows == 0:  # the loader packs float32 models only
             return nn.functional.linear(x, self.weight, self.bias)
         else:
-            out = self._mm(x2, self.qs, self.scales)
+            with threads_for(fmas):
+                out = self._mm(x2, self.qs, self.scales)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], out.shape[-1])

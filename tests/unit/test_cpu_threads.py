@@ -1,0 +1,67 @@
+"""Small CPU kernel calls run on the calling thread, large ones keep torch's (cpu_threads.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtllm_gateway.engine.builtin import cpu_threads
+from trtllm_gateway.engine.builtin.cpu_threads import MIN_PARALLEL_FMAS, sized, threads_for
+
+
+@pytest.fixture
+def two_threads() -> object:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_small_calls_get_one_thread_and_large_ones_keep_them(two_threads: object) -> None:
+    with threads_for(MIN_PARALLEL_FMAS - 1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2  # restored
+    with threads_for(MIN_PARALLEL_FMAS):
+        assert torch.get_num_threads() == 2
+    with pytest.raises(RuntimeError), threads_for(1):
+        raise RuntimeError("a kernel's error")
+    assert torch.get_num_threads() == 2  # restored on errors too
+
+
+def test_sized_sizes_each_call_by_its_arguments(two_threads: object) -> None:
+    seen: list[int] = []
+
+    def kernel(rows: int) -> int:
+        seen.append(torch.get_num_threads())
+        return rows
+
+    call = sized(kernel, lambda rows: rows * cpu_threads.MIN_PARALLEL_FMAS // 32)
+    assert [call(1), call(32)] == [1, 32]
+    assert seen == [1, 2]
+
+
+def test_a_decode_sized_packed_projection_runs_on_one_thread(two_threads: object) -> None:
+    """SmolLM2's gate_up at batch 1 (576 -> 3072: 1.8M multiply-adds) vs at 8 rows (14M)."""
+    from torch import nn
+
+    from trtllm_gateway.engine.builtin.packed_linear import PackedLinear
+
+    seen: list[int] = []
+
+    def mm(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return torch.zeros(x.shape[0], 3072)
+
+    class Kernels:  # only what PackedLinear's float32 path calls
+        q4_1_mm = staticmethod(mm)
+        q8_0_mm = staticmethod(mm)
+
+    packed = PackedLinear(
+        nn.Linear(576, 3072, bias=False),
+        "q4_1",
+        (torch.zeros(3072, 288, dtype=torch.uint8), torch.zeros(3072, 18, 2)),
+        Kernels,  # type: ignore[arg-type]
+    )
+    packed(torch.randn(1, 576))
+    packed(torch.randn(8, 576))
+    assert seen == [1, 2]
