@@ -65,3 +65,17 @@ def test_a_decode_sized_packed_projection_runs_on_one_thread(two_threads: object
     packed(torch.randn(1, 576))
     packed(torch.randn(8, 576))
     assert seen == [1, 2]
+
+
+def test_the_package_makes_openmp_threads_wait_passively_unless_told_otherwise() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = "import trtllm_gateway, os; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "PASSIVE", out.stderr
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "ACTIVE", out.stderr
