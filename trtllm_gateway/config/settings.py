@@ -184,7 +184,7 @@ class Settings(BaseSettings):
     )
     max_logprobs: int = Field(20, ge=0, le=20, description="Most top_logprobs a request may ask.")
 
-    # --- structured outputs, tools, reasoning (routers/structured.py, tool_parsers/, reasoning/)
+    # --- structured outputs, tools, reasoning (openai/structured.py, tool_parsers/, reasoning/)
     tool_call_parser: Literal[
         "auto",
         "none",

@@ -101,7 +101,7 @@ class TrtllmEncodeEngine(EncodeOnly):
         self._state = "dead"
 
     async def encode_images(self, body: bytes) -> list[bytes]:
-        """Pixel frames -> one embeds frame per image (ImageEncoding, routers/encode.py)."""
+        """Pixel frames -> one embeds frame per image (ImageEncoding, internal_api/encode.py)."""
         self._require_ready()
         frames = []
         for img in request_images(body):
