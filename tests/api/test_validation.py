@@ -109,6 +109,34 @@ async def test_logit_bias_and_allowed_ids_reach_the_engine(
     assert req.sampling.allowed_token_ids == (9, 5, 9)
 
 
+@pytest.mark.parametrize("url", [CHAT, CMPL])
+async def test_vllm_xargs_reach_the_engine(
+    client: httpx.AsyncClient, seen: list[GenerateRequest], url: str
+) -> None:
+    xargs = {"hello_world": True, "ban": [5, "x", 1.5], "name": "n"}
+    body = chat(vllm_xargs=xargs) if url == CHAT else cmpl(vllm_xargs=xargs)
+    r = await client.post(url, json=body)
+    assert r.status_code == 200, r.text
+    (req,) = seen
+    # vLLM's type (str | int | float | list of them): a JSON true is read as 1, as pydantic does.
+    assert req.sampling.extra_args == (("hello_world", 1), ("ban", (5, "x", 1.5)), ("name", "n"))
+
+
+@pytest.mark.parametrize("xargs", [{"a": {"nested": 1}}, {"a": None}, {"a": [[1]]}, ["a"], "a=1"])
+async def test_vllm_xargs_hold_strings_numbers_or_lists_of_them(
+    client: httpx.AsyncClient, xargs: object
+) -> None:
+    r = await client.post(CMPL, json=cmpl(vllm_xargs=xargs))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith("vllm_xargs"), r.text
+
+
+async def test_nan_vllm_xargs(client: httpx.AsyncClient) -> None:
+    r = await post_raw(client, CMPL, '{"prompt": "a", "vllm_xargs": {"t": NaN}}')
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith("vllm_xargs"), r.text
+
+
 @pytest.mark.parametrize(
     ("url", "text", "param"),
     [

@@ -123,5 +123,13 @@ async def collect(engine: CoreClient, req: GenerateRequest) -> list[TokenEvent]:
     return [ev async for ev in engine.generate(req)]
 
 
+def chat_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """One user turn through the model's chat template, as token ids."""
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+    return tuple(tokenizer.encode(chat, add_special_tokens=False))
+
+
 def greedy(max_tokens: int, **kw: Any) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)

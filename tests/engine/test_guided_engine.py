@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tests.engine.conftest import EngineFactory, collect, greedy
+from tests.engine.conftest import EngineFactory, chat_ids, collect, greedy
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     GenerateRequest,
@@ -43,11 +43,7 @@ COLOR_RE = r"(red|green|blue) [0-9]{1,3}"
 LARK = 'start: "The answer is " NUM "."\nNUM: /[0-9]{1,4}/'
 
 
-def _prompt(tokenizer: Any, text: str) -> tuple[int, ...]:
-    chat = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
-    return tuple(tokenizer.encode(chat, add_special_tokens=False))
+_prompt = chat_ids
 
 
 def _tokens(events: list[Any]) -> list[int]:

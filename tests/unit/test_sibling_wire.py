@@ -28,6 +28,7 @@ SAMPLING = SamplingParams(
     logit_bias=((3, -2.5),),
     guided=GuidedDecoding("regex", "a+", (9,)),
     stop_token_ids=(1, 2),
+    extra_args=(("hello_world", 1), ("ban", (5, "x", 1.5))),
 )
 
 
@@ -45,6 +46,13 @@ def test_prefill_body_bytes_and_round_trip() -> None:
     }
     assert wire.encode(body) == _compact(old)
     assert wire.decode(_compact(old), wire.PrefillBody).sampling_params() == SAMPLING
+
+
+def test_prefill_body_without_extra_args_is_what_an_older_sibling_reads() -> None:
+    plain = SamplingParams(max_tokens=3)
+    body = wire.PrefillBody.of("r", (1,), plain)
+    assert "extra_args" not in body.sampling
+    assert body.sampling_params() == plain
 
 
 @pytest.mark.parametrize(

@@ -210,6 +210,16 @@ class Settings(BaseSettings):
     max_grammar_bytes: int = Field(
         65536, ge=1, description="Largest response_format schema, regex or grammar, in bytes."
     )
+    logits_processor: list[str] = Field(
+        default_factory=list,
+        description="Logits processor classes, module:Class (docs/logits_processors.md), run by "
+        "the engine on the requests whose vllm_xargs select them. Comma list.",
+    )
+    enable_test_logits_processor: bool = Field(
+        False,
+        description="Answer every request 'Hello world!' (the seeds' test logits processor; "
+        "GATEWAY_ENABLE_TEST_LOGITS_PROCESSOR=1).",
+    )
 
     # --- disaggregation -----------------------------------------------------------------------
     prefill_url: list[str] = Field(

@@ -39,6 +39,8 @@ class EngineInfo:
 
 
 GuidedKind = Literal["json", "json_object", "regex", "grammar"]
+# One vllm_xargs value (vLLM's extension field): a string, a number, or a list of them, as a tuple.
+ExtraArg = str | int | float | tuple[str | int | float, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,8 @@ class SamplingParams:
     # vLLM's allowed_token_ids: when set, only these ids may be sampled.
     allowed_token_ids: tuple[int, ...] | None = None
     guided: GuidedDecoding | None = None
+    # The request's vllm_xargs as (key, value) pairs, for the engine's logits processors.
+    extra_args: tuple[tuple[str, ExtraArg], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,4 +79,7 @@ def sampling_params(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         guided=guided,
+        extra_args=tuple(
+            (k, tuple(v) if isinstance(v, list) else v) for k, v in (body.vllm_xargs or {}).items()
+        ),
     )

@@ -138,6 +138,8 @@ class SamplingFields(_Request):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's extension: extra per-request args for the engine's logits processors.
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -33,6 +33,8 @@ class EngineConfig:
     max_num_tokens: int
     kv_handoff_timeout: float
     max_held_kv_fraction: float
+    logits_processors: tuple[str, ...] = ()  # module:Class paths, loaded in the core
+    test_logits_processor: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:
@@ -47,4 +49,6 @@ class EngineConfig:
             max_num_tokens=settings.max_num_tokens,
             kv_handoff_timeout=settings.kv_handoff_timeout,
             max_held_kv_fraction=settings.max_held_kv_fraction,
+            logits_processors=tuple(settings.logits_processor),
+            test_logits_processor=settings.enable_test_logits_processor,
         )

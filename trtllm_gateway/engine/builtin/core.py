@@ -38,6 +38,7 @@ from trtllm_gateway.engine.core.messages import (
 )
 from trtllm_gateway.engine.core.stream_interval import StreamInterval
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
+from trtllm_gateway.engine.logits.load import args_of
 from trtllm_gateway.engine.protocol import (
     EngineError,
     EngineHealth,
@@ -233,6 +234,8 @@ class EngineCore:
         self._check_new(msg.request_id)  # an encoded request has left _encoding by now
         seq = parts.admission.sequence(req)
         seq.hold_kv = msg.hold_kv
+        if parts.logits:
+            seq.logits_bound = parts.logits.bind(req.prompt_token_ids, args_of(req.sampling))
         if req.sampling.guided is not None:
             g = req.sampling.guided
             seq.guided = parts.guided.cached_matcher(g) or parts.guided.matcher(g)

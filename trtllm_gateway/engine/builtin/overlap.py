@@ -42,13 +42,15 @@ class _InFlight:
 
 
 def _reads_history(seq: Sequence) -> bool:
-    """Penalties read the token history, and a constraint's mask needs its previous token."""
+    """Penalties and logits processors read the token history, and a constraint's mask needs
+    its previous token."""
     sp = seq.sampling
     return bool(
         sp.repetition_penalty != 1.0
         or sp.presence_penalty
         or sp.frequency_penalty
         or seq.guided is not None
+        or seq.logits_bound
     )
 
 

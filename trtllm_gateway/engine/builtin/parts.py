@@ -17,6 +17,8 @@ from trtllm_gateway.engine.builtin.scheduler import Scheduler
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.guided.matcher import GuidedFactory
 from trtllm_gateway.engine.kv_events.log import KvEventLog
+from trtllm_gateway.engine.logits.load import LogitsProcessors
+from trtllm_gateway.engine.logits.processor import ProcessorContext
 from trtllm_gateway.engine.protocol import EngineHealth, EngineInfo, EngineState
 
 
@@ -26,6 +28,7 @@ class EngineParts:
     admission: Admission
     guided: GuidedFactory
     info: EngineInfo
+    logits: LogitsProcessors
 
     def health(self, state: EngineState, detail: str = "") -> EngineHealth:
         """The snapshot /health and the gauges read, from the scheduler's counters."""
@@ -47,6 +50,12 @@ def assemble(lm: LoadedModel, config: EngineConfig, kv_events: KvEventLog) -> En
     lm.blocks.events = kv_events
     lm.blocks.clear_cache()  # event 0: a reader starts from an empty cache
     sched = Scheduler(lm.blocks, config.max_batch_size, config.max_num_tokens)
+    context = ProcessorContext(
+        lm.cfg.vocab_size, lm.cfg.eos_token_ids, str(lm.model_dir or ""), str(lm.device)
+    )
+    logits = LogitsProcessors.create(
+        config.logits_processors, context, config.test_logits_processor
+    )
     sampler = Sampler(lm.cfg.eos_token_ids)
     max_held = max(1, int(config.max_held_kv_fraction * lm.blocks.num_blocks))
     stepper = Stepper(lm, sched, sampler, lm.max_model_len, config.kv_handoff_timeout, max_held)
@@ -61,4 +70,5 @@ def assemble(lm: LoadedModel, config: EngineConfig, kv_events: KvEventLog) -> En
         max_batch_size=config.max_batch_size,
     )
     guided = GuidedFactory(lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids)
-    return EngineParts(stepper, Admission(info, lm.blocks, lm.device, config.seed), guided, info)
+    admission = Admission(info, lm.blocks, lm.device, config.seed)
+    return EngineParts(stepper, admission, guided, info, logits)

@@ -1,10 +1,12 @@
-"""Sampler: penalties, logit_bias, allowed ids, grammar masks, min_tokens, temperature/top-k/
-top-p/min-p, seeded draws, logprobs.
+"""Sampler: logits processors, penalties, logit_bias, allowed ids, grammar masks, min_tokens,
+temperature/top-k/top-p/min-p, seeded draws, logprobs.
 
-A request whose adjustments fail (an id out of range, a constraint in error) is reported failed
-on its own row; the rest of the batch samples as if it were not there. Grammar masks
-(engine.guided) are built on the host for every constrained row and applied to the batch in one
-op; logprobs stay the model's raw ones, before any mask or bias.
+The logits processors (engine/logits) see the model's logits first, as TensorRT-LLM's logits
+post-processors do. A request whose adjustments fail (an id out of range, a constraint in error,
+its logits processor raising) is reported failed on its own row; the rest of the batch samples
+as if it were not there. Grammar masks (engine.guided) are built on the host for every
+constrained row and applied to the batch in one op; logprobs stay the model's raw ones, before
+any processor, mask or bias.
 
 Logprobs are the model's raw log-softmax (vLLM's default raw_logprobs), taken before penalties
 and temperature. On CPU every row draws from its own torch.Generator. On CUDA one Triton kernel
@@ -22,6 +24,7 @@ import torch
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.guided.compile import DEFAULT_PARAMS
 from trtllm_gateway.engine.guided.matcher import RowMatcher, apply_bitmask, fill_bitmask
+from trtllm_gateway.engine.logits.load import apply_bound
 from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError, TokenLogprob
 
 
@@ -165,11 +168,14 @@ class Sampler:
         Returns the rows that failed (row -> message); their logits are left harmless (zeros)
         and their tokens must be ignored. Nothing a single request asks for fails another row.
         """
-        failed: dict[int, str] = {}
+        failed = _apply_processors(logits, seqs)
         masked: list[RowMatcher] = []
         rows: list[int] = []
         for i, seq in enumerate(seqs):
             g = seq.guided
+            if i in failed:
+                logits[i] = 0.0
+                continue
             try:
                 if _needs_processing(seq):
                     _adjust_row(logits[i], seq, self.eos)
@@ -254,6 +260,13 @@ class Sampler:
                 lp = logprob_entry(raw_lp[i], token, sp.logprobs)
             results.append(SampleResult(token, lp))
         return results
+
+
+def _apply_processors(logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, str]:
+    """The logits processors first, on the model's own logits (engine/logits/processor.py)."""
+    if not any(s.logits_bound for s in seqs):
+        return {}
+    return apply_bound(logits, [(s.logits_bound, s.token_ids, s.prompt_len) for s in seqs])
 
 
 def _needs_processing(seq: Sequence) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from trtllm_gateway.engine.guided.matcher import RowMatcher
+from trtllm_gateway.engine.logits.load import Bound
 from trtllm_gateway.engine.protocol import (
     FinishReason,
     GenerateRequest,
@@ -54,6 +55,8 @@ class Sequence:
     kv_import: torch.Tensor | None = None
     # The request's output constraint (response_format, structured_outputs), if any.
     guided: RowMatcher | None = None
+    # The logits processors that hold state for this request (engine/logits), and those states.
+    logits_bound: tuple[Bound, ...] = ()
     # block_table as an int32 array, with the list object and length it was built from.
     _table_array: tuple[list[int], int, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False

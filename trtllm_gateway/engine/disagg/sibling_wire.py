@@ -90,20 +90,25 @@ class PrefillBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def of(
         cls, request_id: str, prompt_token_ids: tuple[int, ...], sampling: SamplingParams
     ) -> PrefillBody:
-        return cls(
-            request_id=request_id,
-            prompt_token_ids=list(prompt_token_ids),
-            sampling=asdict(sampling),
-        )
+        fields = asdict(sampling)
+        if not fields["extra_args"]:  # left out, so a sibling from before it still reads this
+            del fields["extra_args"]
+        return cls(request_id=request_id, prompt_token_ids=list(prompt_token_ids), sampling=fields)
 
     def sampling_params(self) -> SamplingParams:
-        """SamplingParams from the asdict() JSON: lists back to tuples, logit_bias pairs back to
-        tuples, the guided constraint back to a GuidedDecoding. Raises SiblingWireError."""
+        """SamplingParams from the asdict() JSON: lists back to tuples, logit_bias and
+        extra_args pairs back to tuples, the guided constraint back to a GuidedDecoding.
+        Raises SiblingWireError."""
         raw = self.sampling
         fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
         try:
             if fields.get("logit_bias"):
                 fields["logit_bias"] = tuple((int(t), float(b)) for t, b in fields["logit_bias"])
+            if fields.get("extra_args"):
+                fields["extra_args"] = tuple(
+                    (str(k), tuple(v) if isinstance(v, list) else v)
+                    for k, v in fields["extra_args"]
+                )
             if isinstance(fields.get("guided"), dict):
                 g = fields["guided"]
                 fields["guided"] = GuidedDecoding(
