@@ -9,6 +9,7 @@ import pytest
 
 from tests.e2e.ops_client import INTERNAL_KEY
 from tests.e2e.server import Server
+from trtllm_gateway.engine.logits.load import TEST_PROCESSOR
 
 pytestmark = pytest.mark.e2e
 
@@ -26,8 +27,10 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(log_dir: Path) -> Iterator[Server]:
-    """The built-in engine on SmolLM2 (default flags, a small KV pool to keep memory low)."""
-    srv = Server(args=["--num-kv-blocks", "512", "--internal-api-key", INTERNAL_KEY])
+    """The built-in engine on SmolLM2 (default flags, a small KV pool to keep memory low), with
+    the seeds' test logits processor for the requests whose vllm_xargs select it."""
+    args = ["--num-kv-blocks", "512", "--internal-api-key", INTERNAL_KEY]
+    srv = Server(args=[*args, "--logits-processor", TEST_PROCESSOR])
     srv.start(log_dir)
     yield srv
     assert srv.stop() == 0, srv.log()

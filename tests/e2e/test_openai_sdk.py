@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 
 from tests.e2e.server import Server
 from tests.standin import standin_env
+from trtllm_gateway.engine.logits.load import TEST_PROCESSOR
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -31,6 +33,7 @@ def sdk_server(engine_kind: str, server: Server, log_dir: Path) -> Iterator[Serv
         yield server
         return
     args = ["--engine", "trtllm", "--guided-decoding-backend", "llguidance"]
+    args += ["--logits-processor", TEST_PROCESSOR]  # as the built-in server has it
     srv = Server(args=args, env=standin_env()).start(log_dir)
     yield srv
     assert srv.stop() == 0, srv.log()
@@ -166,6 +169,17 @@ def test_structured_outputs_reach_the_engine(client: openai.OpenAI) -> None:
         model=MODEL, messages=QUESTION, max_tokens=8, response_format={"type": "json_object"}
     )
     assert (r.choices[0].message.content or "").lstrip().startswith("{")
+
+
+def test_logits_processor_selected_by_vllm_xargs(client: openai.OpenAI) -> None:
+    """The seeds' HelloWorld processor, loaded by path, answers the request that selects it on
+    either engine (the built-in sampler; TensorRT-LLM's logits post-processor hook)."""
+    kw: dict[str, Any] = {"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 24}
+    r = client.chat.completions.create(**kw, extra_body={"vllm_xargs": {"hello_world": True}})
+    assert r.choices[0].message.content == "Hello world!"
+    assert r.choices[0].finish_reason == "stop"
+    other = client.chat.completions.create(**kw)
+    assert other.choices[0].message.content != "Hello world!"
 
 
 def test_seed_reproducible(client: openai.OpenAI) -> None:

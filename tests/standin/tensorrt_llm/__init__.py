@@ -72,6 +72,10 @@ Less kind than a naive fake, as the real library is (tests/unit/test_trtllm_fide
   `guided_decoding_backend`; with it, the scripted tokens are masked by llguidance built from
   the model's tokenizer (`_guided.py`); `embedding_bias` must be float32 [vocab] and steers
   the tokens.
+- `SamplingParams.logits_processor` (one callable or a list) is pickled to the worker, checked
+  to take 4 or 5 parameters and called each step as `lp(req_id, logits[1, 1, vocab],
+  [prompt + output], None, None)` before embedding_bias and the guide; one that raises fails
+  every active request (`_logits_hook.py`).
 
 Tokens are not a model's: a hash of (prompt token ids, position) picks each one, so a run is
 deterministic and the same prompt gives the same tokens aggregated or split prefill/decode. The

@@ -24,6 +24,7 @@ from trtllm_gateway.config.settings import DEFAULT_MODEL, Settings
 from trtllm_gateway.config.trtllm_schema import validated_against
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.kv_events.log import KvEventLog
+from trtllm_gateway.engine.logits.load import LogitsProcessors
 from trtllm_gateway.engine.model_source import model_display_name, resolve_model
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
@@ -51,6 +52,7 @@ from trtllm_gateway.engine.trtllm.loader import (
     refuse_unsupported,
     set_trtllm_log_level,
 )
+from trtllm_gateway.engine.trtllm.logits import attach, create_processors
 from trtllm_gateway.engine.trtllm.lora import LoraAdapters
 from trtllm_gateway.engine.trtllm.model_info import read_engine_info
 from trtllm_gateway.engine.trtllm.multimodal import image_inputs
@@ -96,6 +98,7 @@ class TrtllmEngine:
         # KvEventSource: TensorRT-LLM's KV events, converted by engine/trtllm/kv_events.py
         self.kv_event_log = KvEventLog(block_size=0, enabled=False)
         self._kv_feed: asyncio.Task[None] | None = None
+        self._logits = LogitsProcessors(())  # --logits-processor, built in start()
 
     @property
     def extras(self) -> EngineExtras:
@@ -118,6 +121,7 @@ class TrtllmEngine:
             self._mark_dead(exc)
             raise EngineDeadError(f"TensorRT-LLM failed to start: {exc}") from exc
         self._fill_eos_from_tokenizer()
+        self._logits = create_processors(self._settings, self.info, self.tokenizer_dir)
         if self._settings.encode_url:
             self._remote_encode = RemoteEmbeddings(self._settings, Path(self._model))
         kv_events = bool(self._args.get("kv_cache_config", {}).get("event_buffer_max_size"))
@@ -370,7 +374,7 @@ class TrtllmEngine:
 
     def _sampling(self, req: GenerateRequest, max_tokens: int | None = None) -> Any:
         end_id = self._end_id()
-        return to_trtllm_sampling(
+        sp = to_trtllm_sampling(
             self._trt,
             req.sampling,
             end_id=end_id,
@@ -379,6 +383,7 @@ class TrtllmEngine:
             vocab_size=self.info.vocab_size,
             guided_backend=self._args.get("guided_decoding_backend"),
         )
+        return attach(sp, self._logits, req)
 
     def _end_id(self) -> int:
         if not self.info.eos_token_ids:

@@ -9,7 +9,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tensorrt_llm import _scripted
+from tensorrt_llm import _logits_hook, _scripted
 from tensorrt_llm.disaggregated_params import DisaggregatedParams
 from tensorrt_llm.executor.request import LoRARequest
 from tensorrt_llm.executor.utils import RequestError
@@ -104,6 +104,9 @@ class RequestOutput:
         self._reported_final = False
         self._position = 0
         self._guide: Guide | None = None
+        # The worker's copies of sampling_params.logits_processor (_logits_hook.to_worker).
+        self.logits_post_processors: list[Any] = []
+        self._failed: str | None = None  # PyExecutor._handle_errors failed it with this
         self._has_loop = _has_event_loop()
         self._delay = float(os.environ.get("TRTLLM_STANDIN_STEP_DELAY_S", "0") or 0)
         dp = disaggregated_params
@@ -186,6 +189,10 @@ class RequestOutput:
             out._last_token_ids_len = 0  # the first diff carries first_gen_tokens
         if self.finished:
             return
+        if self._failed is not None:
+            self.finished = True
+            self._llm._on_finish(self)
+            raise RequestError(self._failed)
         if self.decoding_iter == 0:
             self._first_step()
         self.decoding_iter += 1
@@ -196,8 +203,6 @@ class RequestOutput:
         generated = self._position  # counts first_gen_tokens on the generation-only side
         self._position += 1
         token = _scripted.token_at(self._key_ids, generated, self._llm._vocab_size)
-        if sp.embedding_bias is not None:
-            token = _scripted.biased(token, sp.embedding_bias.squeeze(0).tolist())
         past_min = generated >= (sp.min_tokens or 0)
         if (
             not sp.ignore_eos
@@ -208,6 +213,10 @@ class RequestOutput:
             # The model ends its turn with its own end-of-turn id; only end_id or a
             # stop_token_ids entry stops it (executor: end_id / stop words), else it runs on.
             token = int(self._llm._turn_end)
+        if self.logits_post_processors:  # on the forward pass's logits, before the sampler
+            token = self._post_process(token, out.token_ids)
+        if sp.embedding_bias is not None:
+            token = _scripted.biased(token, sp.embedding_bias.squeeze(0).tolist())
         if self._guide is not None:
             token = self._guide.pick(token)  # the grammar's bitmask on the logits
         if token == sp.end_id and not sp.ignore_eos:
@@ -229,6 +238,21 @@ class RequestOutput:
         elif len(out.token_ids) >= sp.max_tokens:
             self._finish("length", None)
         self._llm._on_step(self)
+
+    def _post_process(self, token: int, output_ids: list[int]) -> int:
+        try:
+            return _logits_hook.post_process(
+                self.logits_post_processors,
+                self.request_id,
+                token,
+                [*self.prompt_token_ids, *output_ids],
+                self._llm._vocab_size,
+            )
+        except Exception as e:  # the forward step failed: PyExecutor._handle_errors
+            self._llm._fail_all(f"{type(e).__name__}: {e}")
+            self.finished = True
+            self._llm._on_finish(self)
+            raise RequestError(str(e)) from e
 
     def _first_step(self) -> None:
         vocab = self._llm._vocab_size

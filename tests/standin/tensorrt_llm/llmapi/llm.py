@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tensorrt_llm import _scripted
+from tensorrt_llm import _logits_hook, _scripted
 from tensorrt_llm._guided import GuidedDecoder
 from tensorrt_llm._kv_cache import BlockPool
 from tensorrt_llm.disaggregated_params import DisaggregatedParams
@@ -174,6 +174,7 @@ class LLM:
         res = RequestOutput(
             self, request_id, prompt_token_ids, sp, streaming, disaggregated_params, lora_request
         )
+        res.logits_post_processors = _logits_hook.to_worker(sp.logits_processor)
         self._active[request_id] = res
         self._any_request = True
         self._stats.mark_undone()
@@ -285,6 +286,11 @@ class LLM:
 
     def _on_finish(self, res: RequestOutput) -> None:
         self._active.pop(res.request_id, None)
+
+    def _fail_all(self, message: str) -> None:
+        """PyExecutor._handle_errors: a failed forward step fails every active request."""
+        for res in self._active.values():
+            res._failed = message
 
 
 def _prompt_token_ids(inputs: Any, vocab: int, hidden: int) -> list[int]:
