@@ -13,6 +13,7 @@ import pytest
 
 from tests.e2e.ops_client import INTERNAL_KEY
 from tests.e2e.server import Server, free_port
+from tests.otlp_receiver import OtlpReceiver
 
 INTERNAL = ["--internal-api-key", INTERNAL_KEY]  # both sides of a pair share it
 
@@ -41,16 +42,33 @@ def chat(prompt: str, **kw: object) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def prefill(log_dir: Path) -> Iterator[Server]:
-    srv = Server(args=["--mode", "prefill", "--num-kv-blocks", "512", *INTERNAL]).start(log_dir)
+def otlp() -> Iterator[OtlpReceiver]:
+    """Both instances send their traces here (a real OTLP/HTTP receiver, protobuf)."""
+    receiver = OtlpReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def _traced(otlp: OtlpReceiver) -> tuple[list[str], dict[str, str]]:
+    # The SDK's batch delay (ms) down from 5 s, so spans arrive while the test waits.
+    return ["--otlp-traces-endpoint", otlp.url], {"OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
+@pytest.fixture(scope="module")
+def prefill(log_dir: Path, otlp: OtlpReceiver) -> Iterator[Server]:
+    tracing, env = _traced(otlp)
+    args = ["--mode", "prefill", "--num-kv-blocks", "512", *INTERNAL, *tracing]
+    srv = Server(args=args, env=env).start(log_dir)
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="module")
-def decode(prefill: Server, log_dir: Path) -> Iterator[Server]:
+def decode(prefill: Server, log_dir: Path, otlp: OtlpReceiver) -> Iterator[Server]:
+    tracing, env = _traced(otlp)
     args = ["--mode", "decode", "--prefill-url", prefill.url, "--num-kv-blocks", "512", *INTERNAL]
-    srv = Server(args=[*args, "--max-local-prefill-tokens", "64"]).start(log_dir)
+    srv = Server(args=[*args, "--max-local-prefill-tokens", "64", *tracing], env=env)
+    srv.start(log_dir)
     yield srv
     srv.stop()
 
@@ -92,6 +110,32 @@ def test_remote_prefill_matches_aggregated(server: Server, decode: Server) -> No
     after = decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="remote"')
     assert after - before == len(PROMPTS)
     assert decode.metric("trtllm_gateway:kv_transfer_bytes_total") > 0
+
+
+def test_trace_holds_the_siblings_prefill_as_a_child_span(
+    decode: Server, otlp: OtlpReceiver
+) -> None:
+    """One request with a client traceparent: the decode instance's llm_request span continues
+    the client's trace, and the prefill sibling's span is its child, both at the receiver."""
+    trace_id, client_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    headers = {"traceparent": f"00-{trace_id}-{client_span}-01"}
+    before = decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="remote"')
+    payload = chat("Which ocean is the largest?")
+    r = httpx.post(f"{decode.url}/v1/chat/completions", json=payload, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    assert decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="remote"') == before + 1
+    ours = otlp.wait_for(lambda s: s.trace_id == trace_id and s.name == "llm_request")
+    theirs = otlp.wait_for(lambda s: s.trace_id == trace_id and s.name == "prefill")
+    assert len(ours) == 1 and len(theirs) == 1, otlp.spans
+    assert ours[0].parent_span_id == client_span
+    assert theirs[0].parent_span_id == ours[0].span_id
+    usage = r.json()["usage"]
+    a, b = ours[0].attributes, theirs[0].attributes
+    assert a["gen_ai.usage.prompt_tokens"] == b["gen_ai.usage.prompt_tokens"]
+    assert a["gen_ai.usage.prompt_tokens"] == usage["prompt_tokens"]
+    assert a["gen_ai.usage.completion_tokens"] == usage["completion_tokens"]
+    assert b["gen_ai.request.id"].startswith(a["gen_ai.request.id"])  # the engine request's id
+    assert ours[0].start_ns <= theirs[0].start_ns <= theirs[0].end_ns <= ours[0].end_ns
 
 
 def test_short_prompt_stays_local(decode: Server) -> None:

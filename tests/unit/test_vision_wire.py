@@ -93,12 +93,20 @@ async def test_remote_encoder_returns_frames_in_order() -> None:
     body = encode_frame("embeds", "h1", "float32", (1, 2), bytes(8), "L") + encode_frame(
         "embeds", "h2", "float32", (1, 2), bytes(8), "L"
     )
+    seen: list[httpx.Headers] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers)
+        return httpx.Response(200, content=body)
+
     enc = RemoteEncoder(["http://sib:1"], timeout=5.0, backoff=60.0)
-    enc._client = httpx.AsyncClient(
-        transport=httpx.MockTransport(lambda r: httpx.Response(200, content=body))
-    )
+    enc._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     try:
-        got = await enc.encode([b"", b""], ["h1", "h2"], "L")
+        # The request's trace context (--otlp-traces-endpoint) goes along: the encode
+        # sibling's span is a child of the request's.
+        got = await enc.encode([b"", b""], ["h1", "h2"], "L", (("traceparent", traceparent),))
+        assert seen[0]["traceparent"] == traceparent
         assert got is not None and [f.header.image_hash for f in got] == ["h1", "h2"]
         assert await enc.encode([b"", b""], ["h2", "h1"], "L") is None  # other images: refused
     finally:

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from trtllm_gateway.app.drain import Drain
 from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.state import State
+from trtllm_gateway.app.tracing import Tracer
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.capabilities import EngineExtras, KvEventSource
 from trtllm_gateway.engine.factory import create_engine
@@ -76,7 +77,11 @@ def _bind_metrics(state: State, extras: EngineExtras) -> None:
 
 
 def create_lifespan(
-    settings: Settings, engine: EngineBase | None, metrics: GatewayMetrics, drain: Drain
+    settings: Settings,
+    engine: EngineBase | None,
+    metrics: GatewayMetrics,
+    drain: Drain,
+    tracer: Tracer | None = None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, State]]]:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, State]]:
@@ -102,5 +107,7 @@ def create_lifespan(
                 for publisher in publishers:
                     publisher.close()
                 logger.info("engine stopped")
+                if tracer is not None:  # export the spans still queued
+                    await asyncio.to_thread(tracer.shutdown)
 
     return lifespan

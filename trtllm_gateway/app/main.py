@@ -1,8 +1,9 @@
 """create_app(settings, engine=None): routers, middleware, error handlers, /metrics, the lifespan.
 
 Middleware, outermost first: request context (X-Request-Id, the per-request log line), the body
-limit (--max-body-bytes), CORS (only with --allowed-origins), HTTP metrics, API keys (only with
---api-key), the internal key (every /internal/ path; 403 without --internal-api-key).
+limit (--max-body-bytes), tracing (only with --otlp-traces-endpoint), CORS (only with
+--allowed-origins), HTTP metrics, API keys (only with --api-key), the internal key (every
+/internal/ path; 403 without --internal-api-key).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trtllm_gateway.app.errors import install_error_handlers
 from trtllm_gateway.app.lifespan import create_lifespan
 from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.request_context import HEADER, RequestContextMiddleware
+from trtllm_gateway.app.tracing import Tracer, TracingMiddleware
 from trtllm_gateway.app.version import VERSION
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.protocol import EngineBase
@@ -38,10 +40,12 @@ def create_app(settings: Settings, engine: EngineBase | None = None) -> FastAPI:
     admission = Admission(settings.max_batch_size, settings.max_queued_requests)
     metrics = GatewayMetrics(CollectorRegistry(), admission, settings.metrics_prefix)
     drain = Drain(admission, settings.shutdown_timeout)
+    endpoint = settings.otlp_traces_endpoint
+    tracer = Tracer(endpoint) if endpoint else None
     app = FastAPI(
         title="trtllm-gateway",
         version=VERSION,
-        lifespan=create_lifespan(settings, engine, metrics, drain),
+        lifespan=create_lifespan(settings, engine, metrics, drain, tracer),
     )
     app.state.drain = drain
     install_error_handlers(app, on_disconnect=metrics.client_disconnected)
@@ -68,6 +72,8 @@ def create_app(settings: Settings, engine: EngineBase | None = None) -> FastAPI:
             allow_credentials=settings.allow_credentials,
             expose_headers=[HEADER],
         )
+    if tracer is not None:  # inside the request context, whose outcome its spans report
+        app.add_middleware(TracingMiddleware, tracer=tracer)
     # Inside the request context (its log line and X-Request-Id), outside everything that reads.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, quiet_paths=("/health", "/metrics"))

@@ -268,6 +268,8 @@ class RequestRecorder:
             if ctx is not None:
                 ctx.completion_tokens += len(event.token_ids)
         if event.timings is not None:
+            if ctx is not None:
+                ctx.timings = event.timings
             self._m.queue.labels(model).observe(event.timings.queue_s)
             self._m.prefill.labels(model).observe(event.timings.prefill_s)
             self._m.decode.labels(model).observe(event.timings.decode_s)

@@ -20,6 +20,8 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from trtllm_gateway.engine.protocol import Timings
+
 logger = logging.getLogger("trtllm_gateway.access")
 
 HEADER = "x-request-id"
@@ -39,6 +41,7 @@ class RequestContext:
     ttft_s: float | None = None
     finish_reasons: list[str] = field(default_factory=list)
     disconnected: bool = False
+    timings: Timings | None = None  # the engine's, from the last final event (traces read it)
 
     def fields(self, method: str, path: str, e2e_s: float) -> dict[str, Any]:
         out: dict[str, Any] = {

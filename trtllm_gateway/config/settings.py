@@ -312,6 +312,12 @@ class Settings(BaseSettings):
     )
     allowed_headers: list[str] = Field(default_factory=lambda: ["*"], description="CORS headers.")
     allow_credentials: bool = Field(False, description="CORS: allow cookies and auth headers.")
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="Send OpenTelemetry traces (one span per request, vLLM's attributes) to "
+        "this OTLP/HTTP collector, e.g. http://collector:4318 (/v1/traces is added to a bare "
+        "address). Off when unset.",
+    )
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per log line."
     )

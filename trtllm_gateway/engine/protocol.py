@@ -117,6 +117,9 @@ class GenerateRequest:
     images: tuple[ImageInput, ...] = ()
     disagg: DisaggParams | None = None
     lora_name: str | None = None  # one of EngineInfo.lora_names, or the base model
+    # W3C trace context (traceparent, tracestate) for the request's calls to siblings; empty
+    # unless --otlp-traces-endpoint is set (app/tracing.py).
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

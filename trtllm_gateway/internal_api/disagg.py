@@ -20,6 +20,7 @@ import msgspec
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
+from trtllm_gateway.app import request_context
 from trtllm_gateway.app.cancel import cancel_on_disconnect
 from trtllm_gateway.app.deps import ServingDep
 from trtllm_gateway.app.errors import BadRequestError, NotFoundError
@@ -97,6 +98,12 @@ async def prefill(request: Request, serving: ServingDep) -> Response:
         res = await cancel_on_disconnect(request.receive, serving.engine.prefill(req))
     finally:
         slot.release()
+    ctx = request_context.current()
+    if ctx is not None:  # the request's log line and trace span report the context phase,
+        ctx.request_id = req.request_id  # under the decode side's id for it
+        ctx.model = serving.model_name
+        ctx.prompt_tokens = res.prompt_tokens
+        ctx.completion_tokens = len(res.first_token_ids)
     return _answer(wire.PrefillAnswer.of(res))
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from trtllm_gateway.app import request_context
+from trtllm_gateway.app import request_context, tracing
 from trtllm_gateway.app.admission import Slot
 from trtllm_gateway.app.cancel import cancel_on_disconnect
 from trtllm_gateway.app.deps import Serving
@@ -61,6 +61,16 @@ class Run:
         self.lora_name = body.model if body.model in serving.info.lora_names else None
         self.envelope = Envelope.of(body, request_id, self.lora_name or serving.model_name)
         self._engine_prefix = _engine_prefix(request_id)
+        a = tracing.SpanAttributes
+        tracing.annotate(
+            {
+                a.GEN_AI_REQUEST_MAX_TOKENS: getattr(body, "max_completion_tokens", None)
+                or body.max_tokens,
+                a.GEN_AI_REQUEST_TEMPERATURE: body.temperature,
+                a.GEN_AI_REQUEST_TOP_P: body.top_p,
+                a.GEN_AI_REQUEST_N: body.n,
+            }
+        )
 
     @property
     def request_id(self) -> str:
@@ -85,7 +95,12 @@ class Run:
         )
         engine_id = f"{self._engine_prefix}-{index}"
         request = GenerateRequest(
-            engine_id, tuple(prompt_token_ids), sampling, images, lora_name=self.lora_name
+            engine_id,
+            tuple(prompt_token_ids),
+            sampling,
+            images,
+            lora_name=self.lora_name,
+            trace_headers=tracing.trace_headers(),
         )
         return Choice(index, request, output)
 

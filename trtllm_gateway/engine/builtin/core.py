@@ -90,7 +90,9 @@ class EngineCore:
         st = self._st
         if isinstance(msg, Add):
             kv = frames[0] if msg.first_token_ids and frames else None
-            req = GenerateRequest(msg.request_id, msg.prompt_token_ids, msg.sampling)
+            req = GenerateRequest(
+                msg.request_id, msg.prompt_token_ids, msg.sampling, trace_headers=msg.trace_headers
+            )
             try:
                 if msg.image_hashes:
                     self._encode(msg, req, kv, frames[-1] if frames else b"")

@@ -197,7 +197,13 @@ class CoreClient:
             req.request_id in self._queues
         ):  # its queue would be taken over; the core checks the rest
             raise InvalidRequestError(f"request id {req.request_id!r} is already in flight")
-        add = m.Add(req.request_id, req.prompt_token_ids, req.sampling, hold_kv=hold_kv)
+        add = m.Add(
+            req.request_id,
+            req.prompt_token_ids,
+            req.sampling,
+            hold_kv=hold_kv,
+            trace_headers=req.trace_headers,
+        )
         frames: list[bytes] = []
         d = req.disagg
         if d is not None and d.request_type == "generation_only":

@@ -76,6 +76,7 @@ class Add(msgspec.Struct, frozen=True, tag="add"):
     first_token_ids: tuple[int, ...] = ()
     first_logprobs: tuple[TokenLogprob, ...] | None = None
     image_hashes: tuple[str, ...] = ()
+    trace_headers: tuple[tuple[str, str], ...] = ()  # GenerateRequest.trace_headers
 
 
 class Abort(msgspec.Struct, frozen=True, tag="abort"):

@@ -63,9 +63,15 @@ class RemoteEncoder:
             self._client = None
 
     async def encode(
-        self, pixel_frames: Sequence[bytes], hashes: Sequence[str], layout: str
+        self,
+        pixel_frames: Sequence[bytes],
+        hashes: Sequence[str],
+        layout: str,
+        trace: tuple[tuple[str, str], ...] = (),
     ) -> list[Frame] | None:
-        """Embedding frames in image order, or None: encode locally (the fallback is counted)."""
+        """Embedding frames in image order, or None: encode locally (the fallback is counted).
+
+        trace: the request's W3C trace context, so the sibling's span is a child of ours."""
         sib = self.pool.pick()
         if sib is None:
             self._fallback("no encode sibling is available")
@@ -73,7 +79,7 @@ class RemoteEncoder:
         try:
             with self.pool.busy(sib):
                 async with asyncio.timeout(self.timeout):
-                    frames = await self._call(sib, pixel_frames, layout)
+                    frames = await self._call(sib, pixel_frames, layout, trace)
             if [f.header.image_hash for f in frames] != list(hashes):
                 raise _BadReply("it answered for other images")
         except (TimeoutError, httpx.HTTPError, EmbedWireError, _BadReply) as e:
@@ -88,10 +94,16 @@ class RemoteEncoder:
         logger.warning("%s; encoding locally", why)
         self.stats.record("local_fallback")
 
-    async def _call(self, sib: Sibling, pixel_frames: Sequence[bytes], layout: str) -> list[Frame]:
+    async def _call(
+        self,
+        sib: Sibling,
+        pixel_frames: Sequence[bytes],
+        layout: str,
+        trace: tuple[tuple[str, str], ...],
+    ) -> list[Frame]:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout)
-        headers = {"Content-Type": CONTENT_TYPE, **self._auth}
+        headers = {**dict(trace), "Content-Type": CONTENT_TYPE, **self._auth}
         res = await self._client.post(
             f"{sib.url}{ENCODE_PATH}", content=b"".join(pixel_frames), headers=headers
         )

@@ -189,22 +189,23 @@ class RemotePrefillEngine:
             raise SiblingError("still unhealthy")
         await self._check(sib)
         body = wire.PrefillBody.of(req.request_id, req.prompt_token_ids, req.sampling)
-        res = await self._call("POST", sib, wire.PREFILL_PATH, content=wire.encode(body))
+        content = wire.encode(body)
+        res = await self._call("POST", sib, wire.PREFILL_PATH, content, req.trace_headers)
         try:
             answer = wire.decode(res.content, wire.PrefillAnswer)
             disagg = answer.generation_only(kv_payload=None)
         except wire.SiblingWireError as e:
             raise SiblingError(f"bad prefill response: {e}") from None
         if isinstance(self.inner, KvHandoff):
-            kv = await self._pull(sib, answer.disaggregated_params.ctx_request_id)
+            kv = await self._pull(sib, answer.disaggregated_params.ctx_request_id, req)
             disagg = replace(disagg, kv_payload=kv)
         self._mark(sib, healthy=True)
         return disagg
 
-    async def _pull(self, sib: Sibling, ctx_id: str) -> bytes:
+    async def _pull(self, sib: Sibling, ctx_id: str, req: GenerateRequest) -> bytes:
         t0 = time.perf_counter()
         try:
-            res = await self._call("GET", sib, wire.kv_path(ctx_id))
+            res = await self._call("GET", sib, wire.kv_path(ctx_id), None, req.trace_headers)
         except asyncio.CancelledError:
             await self._release(sib, ctx_id)
             raise
@@ -246,11 +247,17 @@ class RemotePrefillEngine:
             return False
 
     async def _call(
-        self, method: str, sib: Sibling, path: str, content: bytes | None = None
+        self,
+        method: str,
+        sib: Sibling,
+        path: str,
+        content: bytes | None = None,
+        trace: tuple[tuple[str, str], ...] = (),
     ) -> httpx.Response:
+        """trace: the request's W3C trace context, so the sibling's span is a child of ours."""
         assert self._client is not None
         url = f"{sib.url}{path}"
-        headers = dict(self._auth)
+        headers = {**dict(trace), **self._auth}
         if content is not None:
             headers["Content-Type"] = "application/json"
         try:

@@ -125,11 +125,14 @@ class RemoteEmbeddings:
         self._model_dir = model_dir
         self._layout = ""
 
-    async def embed(self, images: Sequence[ImageInput]) -> list[Any] | None:
+    async def embed(
+        self, images: Sequence[ImageInput], trace: tuple[tuple[str, str], ...] = ()
+    ) -> list[Any] | None:
         if not self._layout:
             self._layout = embeds_layout(self._model_dir)
         frames = await asyncio.to_thread(pixel_frames, images)
-        got = await self.remote.encode(frames, [img.hash for img in images], self._layout)
+        hashes = [img.hash for img in images]
+        got = await self.remote.encode(frames, hashes, self._layout, trace)
         return None if got is None else [frame_tensor(f) for f in got]
 
     async def aclose(self) -> None:

@@ -332,6 +332,9 @@ class TrtllmEngine:
                 lora_request=lora,
                 streaming=streaming,
                 disaggregated_params=params,
+                # Our span's W3C context: TensorRT-LLM's own spans (its otlp_traces_endpoint)
+                # become its children.
+                trace_headers=dict(req.trace_headers) or None,
             )
         logger.debug("request %s is TensorRT-LLM request %s", req.request_id, result.request_id)
         self._inflight.add(req.request_id, result)

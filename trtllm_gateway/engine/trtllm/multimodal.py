@@ -56,7 +56,7 @@ async def image_inputs(
         return _embedded(inputs, [frame_tensor(f) for f in given])
     if remote is None:
         return inputs
-    tensors = await remote.embed(req.images)
+    tensors = await remote.embed(req.images, req.trace_headers)
     if tensors is None:  # counted as local_fallback by the RemoteEncoder
         return inputs
     return _embedded(inputs, tensors)

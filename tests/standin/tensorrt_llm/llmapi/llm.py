@@ -165,6 +165,7 @@ class LLM:
                 "disaggregated_params": disaggregated_params,
                 "inputs": inputs,
                 "lora_request": lora_request,
+                "trace_headers": trace_headers,
             }
         )
         if lora_request is not None and self.args.lora_config is None:

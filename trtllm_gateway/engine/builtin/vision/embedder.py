@@ -55,7 +55,7 @@ class ImageEmbedder:
         The gateway sized max_tokens on the unexpanded prompt, so it is capped at the context
         the expanded prompt leaves (finish_reason "length" at the cap, as at max_model_len).
         """
-        embeds = await self.embed(req.images)
+        embeds = await self.embed(req.images, req.trace_headers)
         token = self.encoder.spec.image_token_id
         ids, placed = expand_prompt(req.prompt_token_ids, token, embeds)
         sp = req.sampling
@@ -64,14 +64,16 @@ class ImageEmbedder:
             sp = replace(sp, max_tokens=room, min_tokens=min(sp.min_tokens, room))
         return replace(req, prompt_token_ids=tuple(ids), sampling=sp), placed
 
-    async def embed(self, images: Sequence[ImageInput]) -> list[torch.Tensor]:
+    async def embed(
+        self, images: Sequence[ImageInput], trace: tuple[tuple[str, str], ...] = ()
+    ) -> list[torch.Tensor]:
         out: list[torch.Tensor | None] = [
             self._given(img) if isinstance(img.payload, Frame) else self.cache.get(img.hash)
             for img in images
         ]
         todo = [img for img, e in zip(images, out, strict=True) if e is None]
         if todo:
-            fresh = await self._remote(todo) if self.remote is not None else None
+            fresh = await self._remote(todo, trace) if self.remote is not None else None
             if fresh is None:
                 fresh = await asyncio.to_thread(self.encode_local, todo)
             it = iter(fresh)
@@ -96,10 +98,12 @@ class ImageEmbedder:
         with self._lock:
             return self.encoder.encode([img.payload for img in images])
 
-    async def _remote(self, images: Sequence[ImageInput]) -> list[torch.Tensor] | None:
+    async def _remote(
+        self, images: Sequence[ImageInput], trace: tuple[tuple[str, str], ...]
+    ) -> list[torch.Tensor] | None:
         assert self.remote is not None
         frames = await asyncio.to_thread(pixel_frames, images)
-        got = await self.remote.encode(frames, [img.hash for img in images], self.layout)
+        got = await self.remote.encode(frames, [img.hash for img in images], self.layout, trace)
         if got is None:
             return None
         dev, dtype = self.encoder.device, self.encoder.dtype
