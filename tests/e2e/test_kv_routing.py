@@ -21,7 +21,8 @@ import zmq
 
 from tests.e2e.ops_client import INTERNAL_AUTH, INTERNAL_KEY
 from tests.e2e.server import Server, free_port
-from trtllm_gateway.engine.kv_events.zmq_publisher import _BlockStored, decode_batch
+from tests.upstream.dynamo_zmq_wire import decode_batch
+from trtllm_gateway.engine.kv_events.wire import unsigned64
 
 KEY = "kv-routing-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -175,11 +176,14 @@ def test_sibling_with_the_prefix_gets_the_request(three: list[Server], zmq_sub: 
     hashes: list[int] = []
     for topic, seq, payload in zmq_sub.messages:
         assert topic == b"" and len(seq) == 8
-        batch = decode_batch(payload)
-        hashes += [
-            h for ev in batch.events if isinstance(ev, _BlockStored) for h in ev.block_hashes
-        ]
-    stream = [h for e in _events(p1.url) if e["type"] == "BlockStored" for h in e["block_hashes"]]  # type: ignore[attr-defined]
+        batch = decode_batch(payload)  # the default format, read by Dynamo's reader
+        hashes += [h for ev in batch.events if ev.type == "BlockStored" for h in ev.block_hashes]
+    stream = [
+        unsigned64(h)
+        for e in _events(p1.url)
+        if e["type"] == "BlockStored"  # type: ignore[attr-defined]
+        for h in e["block_hashes"]  # type: ignore[attr-defined]
+    ]
     assert hashes == stream and stream, p1.log()
     # Sequence numbers run without a gap from the first message this subscriber saw. Message 0
     # (the start-up AllBlocksCleared) may be gone: a PUB drops what it sends before the TCP

@@ -18,12 +18,13 @@ import pytest
 
 from tests.standin import ensure_on_path
 from tests.unit.test_trtllm_engine import _collect, _engine, _ids, _req, model_dir
+from tests.upstream.dynamo_zmq_wire import decode_batch
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
 from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.kv_events.log import AllBlocksCleared, BlockRemoved, BlockStored
-from trtllm_gateway.engine.kv_events.zmq_publisher import decode_batch, encode_batch
+from trtllm_gateway.engine.kv_events.wire import dynamo_payload
 from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError, SamplingParams
 
 ensure_on_path()
@@ -334,9 +335,9 @@ async def test_attention_dp_rank_is_carried(model_dir: Path) -> None:
         records, _ = engine.kv_event_log.since(-1)
         ranks = {r.event.dp_rank for r in records if isinstance(r.event, BlockStored)}
         assert ranks == {0, 1}
-        assert encode_batch([records[-1]]) and decode_batch(
-            encode_batch([records[-1]])
-        ).data_parallel_rank == (records[-1].event.dp_rank)
+        # Dynamo's reader gets each rank in its batch (the default --kv-events-format).
+        for rec in records[-2:]:
+            assert decode_batch(dynamo_payload(rec)).data_parallel_rank == rec.event.dp_rank
     finally:
         await engine.stop()
 

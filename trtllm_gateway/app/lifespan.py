@@ -45,10 +45,18 @@ def tokenizer_dir(settings: Settings, extras: EngineExtras) -> Path:
 async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
     try:
         await state.engine.start()
-        address = state.settings.kv_events_zmq
-        if address and isinstance(state.engine, KvEventSource):
-            publishers.append(ZmqKvPublisher(state.engine.kv_event_log, address))
-            logger.info("KV events on ZMQ %s", publishers[-1].address)
+        s = state.settings
+        if s.kv_events_zmq and isinstance(state.engine, KvEventSource):
+            pub = ZmqKvPublisher(
+                state.engine.kv_event_log,
+                s.kv_events_zmq,
+                s.kv_events_format,
+                topic=s.kv_events_topic,
+                replay=s.kv_events_replay,
+                rank=s.data_parallel_rank,
+            )
+            publishers.append(pub)
+            logger.info("KV events on ZMQ %s (%s format)", pub.address, s.kv_events_format)
         batch = state.engine.info.max_batch_size
         if batch and batch != state.admission.running_limit:
             logger.info("admission sized for the engine's max_batch_size %d", batch)

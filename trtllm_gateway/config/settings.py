@@ -252,6 +252,24 @@ class Settings(BaseSettings):
     kv_events_zmq: str | None = Field(
         None, description="Also publish KV events on a ZMQ PUB socket here (tcp://*:5557)."
     )
+    kv_events_format: Literal["dynamo", "vllm", "vllm-array"] = Field(
+        "dynamo",
+        description="--kv-events-zmq's wire format: dynamo (NVIDIA Dynamo's TensorRT-LLM "
+        "publisher), vllm (vLLM's map-encoded KVEventBatch), vllm-array (vLLM's array_like "
+        "layout, as older vLLM readers and Dynamo's ZMQ listener decode it).",
+    )
+    kv_events_topic: str = Field("", description="ZMQ topic frame of each KV event message.")
+    kv_events_replay: str | None = Field(
+        None,
+        description="vllm formats: a ROUTER socket here replays buffered batches from a "
+        "sequence number, as vLLM's replay_endpoint (tcp://*:5558).",
+    )
+    data_parallel_rank: int = Field(
+        0,
+        ge=0,
+        description="This instance's data-parallel rank behind a router: its KV events name it "
+        "(vllm formats also offset the ZMQ ports by it, as vLLM does).",
+    )
     kv_routing: bool = Field(
         True, description="With 2+ prefill siblings, prefer the one holding the longest prefix."
     )

@@ -23,6 +23,7 @@ from trtllm_gateway.engine.kv_events.log import (
     BlockRemoved,
     BlockStored,
     KvEventLog,
+    MmSpan,
     signed64,
 )
 
@@ -45,6 +46,7 @@ class BlockManager:
         # Free blocks, oldest first; blocks that still carry a hash are reusable until popped.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.events: KvEventLog | None = None
+        self.dp_rank = 0  # the data-parallel rank its events name (--data-parallel-rank)
 
     @property
     def num_free(self) -> int:
@@ -95,7 +97,7 @@ class BlockManager:
             self.ref_count[b] = 1
             out.append(b)
         if evicted and self.events is not None:
-            self.events.append(BlockRemoved(tuple(evicted)))
+            self.events.append(BlockRemoved(tuple(evicted), dp_rank=self.dp_rank))
         return out
 
     def release(self, blocks: Seq[int]) -> None:
@@ -107,10 +109,16 @@ class BlockManager:
             assert self.ref_count[b] >= 0, f"block {b} released twice"
 
     def register(
-        self, block: int, h: bytes, parent: bytes | None = None, tokens: Seq[int] = ()
+        self,
+        block: int,
+        h: bytes,
+        parent: bytes | None = None,
+        tokens: Seq[int] = (),
+        mm: tuple[MmSpan, ...] = (),
     ) -> None:
         """A block just became full: make it findable by its chained hash (parent: the hash of
-        the block before it, None for the first; tokens: its token ids, for the stored event)."""
+        the block before it, None for the first; tokens: its token ids, and mm: the images its
+        hash covers, for the stored event)."""
         if not self.caching or self.hash_of[block] is not None:
             return
         self.hash_of[block] = h
@@ -121,6 +129,8 @@ class BlockManager:
                     parent_block_hash=None if parent is None else signed64(parent),
                     token_ids=tuple(tokens),
                     block_size=self.block_size,
+                    dp_rank=self.dp_rank,
+                    block_mm=(mm,) if mm else (),
                 )
             )
 
@@ -129,4 +139,4 @@ class BlockManager:
         self.cached.clear()
         self.hash_of = [None] * self.num_blocks
         if self.events is not None:
-            self.events.append(AllBlocksCleared())
+            self.events.append(AllBlocksCleared(dp_rank=self.dp_rank))

@@ -33,6 +33,7 @@ class EngineConfig:
     max_num_tokens: int
     kv_handoff_timeout: float
     max_held_kv_fraction: float
+    data_parallel_rank: int = 0  # named by the KV events
     logits_processors: tuple[str, ...] = ()  # module:Class paths, loaded in the core
     test_logits_processor: bool = False
 
@@ -49,6 +50,7 @@ class EngineConfig:
             max_num_tokens=settings.max_num_tokens,
             kv_handoff_timeout=settings.kv_handoff_timeout,
             max_held_kv_fraction=settings.max_held_kv_fraction,
+            data_parallel_rank=settings.data_parallel_rank,
             logits_processors=tuple(settings.logits_processor),
             test_logits_processor=settings.enable_test_logits_processor,
         )

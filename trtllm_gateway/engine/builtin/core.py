@@ -23,6 +23,7 @@ from trtllm_gateway.engine.builtin.parts import EngineParts, assemble
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.builtin.vision.embedder import create_embedder
+from trtllm_gateway.engine.builtin.vision.placement import PlacedImage
 from trtllm_gateway.engine.core.image_body import images_from_body
 from trtllm_gateway.engine.core.messages import (
     Abort,
@@ -227,6 +228,11 @@ class EngineCore:
         seq, first = self._admit(req, msg, kv)
         if placed:
             seq.images = placed
+            seq.mm_spans = tuple(
+                (img.hash, p.start, p.end - p.start)
+                for img, p in zip(req.images, placed, strict=True)
+                if isinstance(p, PlacedImage)
+            )
         self._pending += self._st.add(seq, first)
 
     def _admit(

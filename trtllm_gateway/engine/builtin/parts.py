@@ -48,6 +48,7 @@ class EngineParts:
 def assemble(lm: LoadedModel, config: EngineConfig, kv_events: KvEventLog) -> EngineParts:
     kv_events.num_blocks = lm.blocks.num_blocks
     lm.blocks.events = kv_events
+    lm.blocks.dp_rank = config.data_parallel_rank
     lm.blocks.clear_cache()  # event 0: a reader starts from an empty cache
     sched = Scheduler(lm.blocks, config.max_batch_size, config.max_num_tokens)
     context = ProcessorContext(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from trtllm_gateway.engine.builtin.block_manager import BlockManager, block_hash
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
+from trtllm_gateway.engine.kv_events.log import MmSpan
 
 if TYPE_CHECKING:
     import torch
@@ -199,7 +200,10 @@ class Scheduler:
         for i in range(start // bs, seq.num_computed // bs):
             parent = seq.block_hashes[i - 1] if i else None
             tokens = seq.token_ids[i * bs : (i + 1) * bs]
-            self.blocks.register(seq.block_table[i], seq.block_hashes[i], parent, tokens)
+            # Every block's hash mixes in all the request's images (seq.extra_key), so every
+            # block's event names them all, each at its offset from the block's first token.
+            mm = tuple(MmSpan(h, pos - i * bs, n) for h, pos, n in seq.mm_spans)
+            self.blocks.register(seq.block_table[i], seq.block_hashes[i], parent, tokens, mm)
 
     def finish(self, seq: Sequence, keep_blocks: bool = False) -> None:
         """Take a sequence out of the queues and release its blocks unless asked to keep them."""

@@ -34,6 +34,9 @@ class Sequence:
     generator: torch.Generator
     extra_key: bytes = b""  # mixed into block hashes (image hashes)
     images: tuple[object, ...] = ()
+    # The images as placed in the expanded prompt: (hash, first position, positions), for the
+    # KV events' per-block image info.
+    mm_spans: tuple[tuple[str, int, int], ...] = ()
     status: Status = Status.WAITING
     num_computed: int = 0  # tokens whose KV is in the cache
     num_cached: int = 0  # prompt tokens served from the prefix cache at first admission

@@ -2,9 +2,10 @@
 
 The events are TensorRT-LLM's and vLLM's (which Dynamo's KV router consumes): a run of full
 blocks stored (chained block hashes, the parent block's hash, their token ids, block size, LoRA
-id), blocks removed (evicted), all blocks cleared. Hashes are signed 64-bit integers, as Dynamo
-carries them. The built-in engine's block manager appends from the engine thread; readers (the
-NDJSON endpoint, the ZMQ publisher) read by event id from the event loop.
+id, and for image prompts the images each block's hash covers), blocks removed (evicted), all
+blocks cleared. Hashes are signed 64-bit integers, as Dynamo carries them. The built-in engine's
+block manager appends from the engine thread; readers (the NDJSON endpoint, the ZMQ publisher
+in engine/kv_events/wire.py's formats) read by event id from the event loop.
 """
 
 from __future__ import annotations
@@ -19,13 +20,26 @@ from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
+class MmSpan:
+    """An image whose identity a block's hash covers: what a router needs to tell two prompts
+    apart that differ only by image (their placeholder tokens are the same)."""
+
+    mm_hash: str  # the image's identity: hex BLAKE3 of its bytes (multimodal/images.py)
+    offset: int  # its first placeholder token, relative to the block's first token
+    length: int  # its placeholder tokens
+
+
+@dataclass(frozen=True, slots=True)
 class BlockStored:
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
     token_ids: tuple[int, ...]  # block_size tokens per hash, in order
     block_size: int
     lora_id: int | None = None
-    dp_rank: int = 0  # the attention-DP rank whose cache this is (TensorRT-LLM attention DP)
+    dp_rank: int = 0  # the data-parallel rank whose cache this is (--data-parallel-rank, or
+    # TensorRT-LLM's attention-DP rank on top of it)
+    # Per block (one entry per hash): the images mixed into its hash; () for a text prompt.
+    block_mm: tuple[tuple[MmSpan, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +93,8 @@ def event_json(rec: KvEventRecord, token_ids: bool = True) -> dict[str, Any]:
         }
         if token_ids:
             out["token_ids"] = list(ev.token_ids)
+        if ev.block_mm:
+            out["block_mm"] = [[[m.mm_hash, m.offset, m.length] for m in b] for b in ev.block_mm]
     elif isinstance(ev, BlockRemoved):
         out["block_hashes"] = list(ev.block_hashes)
     return out
@@ -97,11 +113,15 @@ def event_from_json(raw: dict[str, Any]) -> KvCacheEvent:
                 block_size=int(raw["block_size"]),
                 lora_id=raw.get("lora_id"),
                 dp_rank=int(raw.get("dp_rank") or 0),
+                block_mm=tuple(
+                    tuple(MmSpan(str(h), int(o), int(n)) for h, o, n in b)
+                    for b in raw.get("block_mm") or ()
+                ),
             )
         if kind == "BlockRemoved":
             hashes = tuple(int(h) for h in raw["block_hashes"])
             return BlockRemoved(hashes, dp_rank=int(raw.get("dp_rank") or 0))
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"bad {kind} event: {e}") from None
     if kind == "AllBlocksCleared":
         return AllBlocksCleared(dp_rank=int(raw.get("dp_rank") or 0))

@@ -131,7 +131,10 @@ class TrtllmEngine:
             self.kv_event_log.enabled = True
             block = self._args.get("kv_cache_config", {}).get("tokens_per_block")
             self._kv_feed = start_kv_feed(
-                self.kv_event_log, self.kv_events(), block or TRTLLM_TOKENS_PER_BLOCK
+                self.kv_event_log,
+                self.kv_events(),
+                block or TRTLLM_TOKENS_PER_BLOCK,
+                self._settings.data_parallel_rank,
             )
         self._state = "ready"
         logger.info("TensorRT-LLM engine ready: %s (%s mode)", self._model, self._settings.mode)

@@ -8,7 +8,8 @@ TensorRT-LLM 1.2 (`LLM.get_kv_cache_events_async`, serialized by KVCacheEventSer
   them); the run stops at its first partial block (fewer than tokens_per_block tokens), whose
   hash is remembered so that its later removal is not forwarded (Dynamo's publisher.py);
 - "removed": `block_hashes` -> BlockRemoved;
-- `attention_dp_rank` (attention DP: one cache per rank) -> the events' dp_rank.
+- `attention_dp_rank` (attention DP: one cache per rank) -> the events' dp_rank, counted from
+  this instance's --data-parallel-rank.
 - "updated": a block's priority or cache level changed -> nothing a router needs.
 As Dynamo's publisher does, events of a window smaller than the largest one announced in the
 "created" events (sliding-window layers) are dropped.
@@ -38,8 +39,9 @@ class TrtllmKvEvents:
     """Converts and appends; one per engine. `window` is the largest attention window seen;
     `block_size` is the engine's tokens_per_block (never read off an event)."""
 
-    def __init__(self, kv_log: KvEventLog, block_size: int) -> None:
+    def __init__(self, kv_log: KvEventLog, block_size: int, rank_base: int = 0) -> None:
         self.log = kv_log
+        self.rank_base = rank_base
         self.log.block_size = block_size
         self.block_size = block_size
         self.window = 0
@@ -50,7 +52,7 @@ class TrtllmKvEvents:
         data = raw.get("data") or {}
         kind = data.get("type")
         window = int(raw.get("window_size") or 0)
-        rank = int(raw.get("attention_dp_rank") or 0)
+        rank = self.rank_base + int(raw.get("attention_dp_rank") or 0)
         if kind == "created":
             levels = data.get("num_blocks_per_cache_level") or [0]
             self.log.num_blocks = max(self.log.num_blocks, int(levels[0]))
@@ -108,10 +110,10 @@ class TrtllmKvEvents:
 
 
 def start_kv_feed(
-    kv_log: KvEventLog, events: AsyncIterator[dict[str, Any]], block_size: int
+    kv_log: KvEventLog, events: AsyncIterator[dict[str, Any]], block_size: int, rank_base: int = 0
 ) -> asyncio.Task[None]:
     """A task appending TensorRT-LLM's events to `kv_log` until cancelled (engine stop)."""
-    feed = TrtllmKvEvents(kv_log, block_size)
+    feed = TrtllmKvEvents(kv_log, block_size, rank_base)
 
     async def run() -> None:
         with contextlib.suppress(asyncio.CancelledError):
