@@ -47,7 +47,7 @@ class Capture:
             sub.connect(pub.address)
             sub.subscribe(TOPIC.encode())
             self.subs[fmt] = sub
-        await asyncio.sleep(0.5)  # ZMQ's slow joiner: the subscriptions reach the PUBs
+        await asyncio.sleep(1.0)  # ZMQ's slow joiner: the subscriptions reach the PUBs
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -57,7 +57,7 @@ class Capture:
             sub.close(linger=0)
         self.ctx.term()
 
-    async def frames(self, fmt: str, settle_s: float = 0.5) -> Frames:
+    async def frames(self, fmt: str, settle_s: float = 1.0) -> Frames:
         """Every message the SUB got, once nothing new arrived for settle_s."""
         out: Frames = []
         sub = self.subs[fmt]
