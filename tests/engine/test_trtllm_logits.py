@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import pickle
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -128,3 +129,35 @@ async def test_state_lives_in_the_workers_copy_and_failures_stay_in_the_hook(
     assert refused.value.param == "vllm_xargs"
     # The caller's hook was pickled to the worker: its state never counted a call.
     assert hook.bound[0].state == [plain[0], 0]
+
+
+def _three_params(req_id: int, logits: torch.Tensor, token_ids: list[list[int]]) -> None:
+    pass
+
+
+def _raises(req_id: int, logits: Any, token_ids: Any, stream_ptr: Any, client_id: Any) -> None:
+    raise RuntimeError("hook failed")
+
+
+@pytest.mark.parametrize(
+    ("hook", "why"), [(_three_params, "signature must match"), (_raises, "hook failed")]
+)
+async def test_the_standin_hook_is_as_strict_as_the_real_one(
+    model_dir: Path, hook: Any, why: str
+) -> None:
+    """What the stand-in holds a hook to (model_engine's signature assert; an exception in the
+    forward step fails every active request, PyExecutor._handle_errors; callables are pickled
+    to the worker), so the adapter's own hook is known to meet it."""
+    from tensorrt_llm import LLM, SamplingParams
+    from tensorrt_llm.executor.utils import RequestError
+
+    llm = LLM(str(model_dir))
+    bystander = llm.generate_async([8, 9], SamplingParams(max_tokens=40, end_id=0))
+    hooked = llm.generate_async([5, 6, 7], SamplingParams(max_tokens=4, logits_processor=hook))
+    with pytest.raises(RequestError, match=why):
+        await hooked
+    with pytest.raises(RequestError, match=why):
+        await bystander
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        llm.generate_async([5], SamplingParams(logits_processor=lambda *a: None))
+    llm.shutdown()

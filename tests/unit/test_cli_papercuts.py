@@ -74,6 +74,24 @@ def test_fake_engine_without_a_tokenizer_refuses_to_start(
     assert "--engine fake needs a tokenizer directory" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("flags", "rc", "says"),
+    [
+        (["--logits-processor", "nope.mod:X"], 1, "cannot import nope.mod"),
+        (["--logits-processor", "trtllm_gateway.app.cli:main"], 1, "not a subclass"),
+        (["--otlp-traces-endpoint", "collector:4318"], 2, "is not an http(s) URL"),
+    ],
+)
+def test_bad_extension_flags_refuse_to_start(
+    flags: list[str], rc: int, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked in the gateway process before the engine starts (the built-in core would
+    otherwise die loading while the server stays up answering 503)."""
+    assert main(["serve", "--port", "0", *flags]) == rc
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+
+
 def test_make_bench_writes_results_elsewhere(tmp_path: Path) -> None:
     """bench.run's default output is bench-results/, a copy of docs/benchmarks.md with the new
     sections; the tracked file changes only with --doc docs/benchmarks.md."""

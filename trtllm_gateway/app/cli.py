@@ -43,7 +43,7 @@ def serve(argv: list[str]) -> int:
         return 1
     try:
         app = create_app(settings)
-    except OSError as exc:  # an unreadable --api-key-file
+    except (OSError, ValueError) as exc:  # an unreadable --api-key-file, a bad OTLP endpoint
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 2
     config = uvicorn.Config(

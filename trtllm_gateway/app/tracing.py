@@ -69,6 +69,11 @@ def trace_headers() -> tuple[tuple[str, str], ...]:
     return _outgoing.get()
 
 
+def active() -> bool:
+    """Whether this request has a span (callers skip building attributes otherwise)."""
+    return _span.get() is not None
+
+
 def annotate(attributes: Mapping[str, Any]) -> None:
     """Set attributes on this request's span, if it has one (None values are left out)."""
     span = _span.get()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.logits.load import load_class
 from trtllm_gateway.engine.protocol import Engine, EngineBase
 
 
@@ -32,6 +33,8 @@ def preflight(settings: Settings) -> None:
         from trtllm_gateway.engine.trtllm.loader import preflight as trtllm_preflight
 
         trtllm_preflight(settings)
+    for path in settings.logits_processor:  # the engine imports it again where it runs
+        load_class(path)
     if settings.engine == "fake" and not Path(settings.tokenizer or settings.model).is_dir():
         # The fake engine has no model to take a tokenizer from: without one the server would
         # stay up answering /health 503 engine_dead.

@@ -61,16 +61,8 @@ class Run:
         self.lora_name = body.model if body.model in serving.info.lora_names else None
         self.envelope = Envelope.of(body, request_id, self.lora_name or serving.model_name)
         self._engine_prefix = _engine_prefix(request_id)
-        a = tracing.SpanAttributes
-        tracing.annotate(
-            {
-                a.GEN_AI_REQUEST_MAX_TOKENS: getattr(body, "max_completion_tokens", None)
-                or body.max_tokens,
-                a.GEN_AI_REQUEST_TEMPERATURE: body.temperature,
-                a.GEN_AI_REQUEST_TOP_P: body.top_p,
-                a.GEN_AI_REQUEST_N: body.n,
-            }
-        )
+        if tracing.active():
+            _annotate(body)
 
     @property
     def request_id(self) -> str:
@@ -114,6 +106,20 @@ class Run:
             for c, recorder in zip(choices, recorders, strict=True)
         ]
         return merge(streams)
+
+
+def _annotate(body: SamplingFields) -> None:
+    """The sampling knobs the request set, on its trace span (vLLM's attributes)."""
+    a = tracing.SpanAttributes
+    max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    tracing.annotate(
+        {
+            a.GEN_AI_REQUEST_MAX_TOKENS: max_tokens,
+            a.GEN_AI_REQUEST_TEMPERATURE: body.temperature,
+            a.GEN_AI_REQUEST_TOP_P: body.top_p,
+            a.GEN_AI_REQUEST_N: body.n,
+        }
+    )
 
 
 def _engine_prefix(request_id: str) -> str:
