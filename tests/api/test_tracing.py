@@ -40,6 +40,7 @@ def settings(
     settings: Settings, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> Settings:
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # the SDK's batch delay, ms
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     return settings.model_copy(update={"otlp_traces_endpoint": receiver.url})
 
 

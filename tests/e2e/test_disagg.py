@@ -49,14 +49,15 @@ def otlp() -> Iterator[OtlpReceiver]:
     receiver.stop()
 
 
-def _traced(otlp: OtlpReceiver) -> tuple[list[str], dict[str, str]]:
+def _traced(otlp: OtlpReceiver, name: str) -> tuple[list[str], dict[str, str]]:
     # The SDK's batch delay (ms) down from 5 s, so spans arrive while the test waits.
-    return ["--otlp-traces-endpoint", otlp.url], {"OTEL_BSP_SCHEDULE_DELAY": "100"}
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_SERVICE_NAME": name}
+    return ["--otlp-traces-endpoint", otlp.url], env
 
 
 @pytest.fixture(scope="module")
 def prefill(log_dir: Path, otlp: OtlpReceiver) -> Iterator[Server]:
-    tracing, env = _traced(otlp)
+    tracing, env = _traced(otlp, "prefill-sibling")
     args = ["--mode", "prefill", "--num-kv-blocks", "512", *INTERNAL, *tracing]
     srv = Server(args=args, env=env).start(log_dir)
     yield srv
@@ -65,7 +66,7 @@ def prefill(log_dir: Path, otlp: OtlpReceiver) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def decode(prefill: Server, log_dir: Path, otlp: OtlpReceiver) -> Iterator[Server]:
-    tracing, env = _traced(otlp)
+    tracing, env = _traced(otlp, "decode")
     args = ["--mode", "decode", "--prefill-url", prefill.url, "--num-kv-blocks", "512", *INTERNAL]
     srv = Server(args=[*args, "--max-local-prefill-tokens", "64", *tracing], env=env)
     srv.start(log_dir)
@@ -129,6 +130,8 @@ def test_trace_holds_the_siblings_prefill_as_a_child_span(
     assert len(ours) == 1 and len(theirs) == 1, otlp.spans
     assert ours[0].parent_span_id == client_span
     assert theirs[0].parent_span_id == ours[0].span_id
+    assert ours[0].resource["service.name"] == "decode"  # each process names itself
+    assert theirs[0].resource["service.name"] == "prefill-sibling"
     usage = r.json()["usage"]
     a, b = ours[0].attributes, theirs[0].attributes
     assert a["gen_ai.usage.prompt_tokens"] == b["gen_ai.usage.prompt_tokens"]

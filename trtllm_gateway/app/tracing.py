@@ -92,9 +92,11 @@ def traces_url(endpoint: str) -> str:
 class Tracer:
     """The process's TracerProvider and OTLP/HTTP exporter; shutdown() flushes what is queued."""
 
-    def __init__(self, endpoint: str, service_name: str = "trtllm-gateway") -> None:
+    def __init__(self, endpoint: str) -> None:
         import os
 
+        # OTEL_SERVICE_NAME names each process, as NVIDIA Dynamo's launchers set it per worker.
+        service_name = os.environ.get("OTEL_SERVICE_NAME") or "trtllm-gateway"
         protocol = os.environ.get(PROTOCOL_ENV, "http/protobuf")
         if protocol != "http/protobuf":
             raise ValueError(
