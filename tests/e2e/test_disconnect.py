@@ -23,6 +23,7 @@ def _wait_idle(server: Server, timeout: float = 10.0) -> None:
         running = server.metric("trtllm_gateway:num_requests_running")
         kv = server.metric("trtllm_gateway:kv_cache_usage_perc")
         if running == 0 and kv == 0:
+            assert server.metric("trtllm_gateway:kv_active_blocks") == 0
             return
         time.sleep(0.1)
     raise AssertionError(f"engine still busy: running={running} kv={kv}")
@@ -40,6 +41,10 @@ def test_mid_stream_disconnect_frees_the_engine(server: Server) -> None:
         assert any(line.startswith("data:") for line in got)
         assert server.metric("trtllm_gateway:num_requests_running") == 1
         assert server.metric("trtllm_gateway:kv_cache_usage_perc") > 0
+        # The absolute gauge Dynamo's router reads: the stream's blocks, of all there are.
+        held = server.metric("trtllm_gateway:kv_active_blocks")
+        total = server.metric("trtllm_gateway:kv_total_blocks")
+        assert 1 <= held < total
     _wait_idle(server)
 
 

@@ -132,6 +132,8 @@ def test_events_stream_auth_and_load(three: list[Server]) -> None:
     load = httpx.get(f"{p1.url}/internal/v1/load", headers=INTERNAL_AUTH).json()
     assert load["state"] == "ready" and load["kv_blocks_total"] == 512
     assert {"running", "waiting", "kv_usage", "kv_blocks_used"} <= set(load)
+    # Idle: no block held by a request (the cached ones are free to evict).
+    assert load["kv_active_blocks"] == load["kv_blocks_used"] == 0, load
     r = httpx.get(f"{p1.url}/internal/v1/kv-events", params={"after": -2}, headers=INTERNAL_AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"].endswith("after")
 

@@ -37,6 +37,11 @@ class Capture:
     ctx: zmq.Context[zmq.Socket[bytes]] = field(default_factory=zmq.Context)
 
     async def __aenter__(self) -> Capture:
+        # The core's start-up AllBlocksCleared reaches the client's log with its first batch:
+        # wait for it, so no message goes out while the subscriptions are on their way.
+        deadline = time.monotonic() + 10
+        while self.engine.kv_event_log.next_id == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         for fmt in self.formats:
             replay = "tcp://127.0.0.1:*" if self.replay else None
             pub = ZmqKvPublisher(

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 import zmq
 
-from tests.engine.conftest import EngineFactory, collect, greedy
+from tests.engine.conftest import EngineFactory, collect, core_of, greedy
 from tests.engine.kv_capture import TOPIC, CacheView, Capture, Frames, check_against_engine
 from tests.upstream import (
     dynamo_trtllm_publisher,
@@ -99,6 +99,9 @@ async def test_every_format_decodes_with_its_readers_into_the_engines_cache(
         kinds = {type(e.event) for e in records}
         assert BlockRemoved in kinds and BlockStored in kinds  # evictions happened
         assert check_against_engine(view, engine, "vllm") >= 4
+        # Cached is not held: idle, no block is active (/metrics kv_active_blocks, /load).
+        health = core_of(engine).health()
+        assert health.kv_active_blocks == 0 and health.kv_total_blocks == blocks
 
         # vLLM's first array_like structs and its example subscriber read the array layout.
         for structs in (vllm_kv_events_array, vllm_kv_events_subscriber):

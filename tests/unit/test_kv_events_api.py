@@ -98,6 +98,7 @@ async def test_load(events_client: tuple[httpx.AsyncClient, KvEventLog]) -> None
     body = (await client.get("/internal/v1/load")).json()
     assert body["state"] == "ready" and body["kv_blocks_total"] == 64
     assert {"running", "waiting", "kv_usage", "kv_blocks_used", "in_flight", "queued"} <= set(body)
+    assert body["kv_active_blocks"] == body["kv_blocks_used"] and body["data_parallel_rank"] == 0
 
 
 async def test_bad_after_is_a_400(events_client: tuple[httpx.AsyncClient, KvEventLog]) -> None:

@@ -60,6 +60,9 @@ class _EngineCollector(Collector):
             "num_requests_running": ("Requests in the running batch.", health.running),
             "num_requests_waiting": ("Requests waiting to be scheduled.", health.waiting),
             "kv_cache_usage_perc": ("KV-cache usage, 1 means 100 percent.", health.kv_usage),
+            # Absolute, as Dynamo's workers publish them (kv_active_blocks / kv_total_blocks).
+            "kv_active_blocks": ("KV-cache blocks held by requests.", health.kv_active_blocks),
+            "kv_total_blocks": ("KV-cache blocks in all.", health.kv_total_blocks),
         }
         for name, (doc, value) in gauges.items():
             gauge = GaugeMetricFamily(PREFIX + name, doc, labels=labels)

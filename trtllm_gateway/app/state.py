@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -60,7 +60,7 @@ class State:
             return EngineHealth(state="dead", detail=self.start_error)
         health = self.engine.health()
         if self.draining and health.state == "ready":
-            return EngineHealth(state="draining", running=health.running, waiting=health.waiting)
+            return replace(health, state="draining", detail="")
         if health.state == "ready" and self.tokenizer is None:
             return EngineHealth(state="loading", detail="loading the tokenizer")
         return health

@@ -178,6 +178,10 @@ class EngineHealth:
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0  # fraction of KV blocks in use, 0..1
+    # KV blocks held by requests now, and all there are (Dynamo's kv_active_blocks and
+    # kv_total_blocks: TensorRT-LLM's usedNumBlocks and maxNumBlocks); 0 when unknown.
+    kv_active_blocks: int = 0
+    kv_total_blocks: int = 0
     # Cumulative counters, read by the metrics collector.
     preemptions: int = 0
     prefix_cache_queries: int = 0

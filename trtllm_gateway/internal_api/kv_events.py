@@ -86,14 +86,20 @@ async def kv_events(
 async def load(serving: ServingDep, state: StateDep) -> Response:
     health = state.health()
     engine = serving.engine
-    blocks = engine.kv_event_log.num_blocks if isinstance(engine, KvEventSource) else 0
+    blocks = health.kv_total_blocks
+    if not blocks and isinstance(engine, KvEventSource):
+        blocks = engine.kv_event_log.num_blocks
+    # The engine's own count of held blocks when it has one; else derived from the usage.
+    used = health.kv_active_blocks if health.kv_total_blocks else round(health.kv_usage * blocks)
     report = wire.Load(
         state=health.state,
         running=health.running,
         waiting=health.waiting,
         kv_usage=health.kv_usage,
         kv_blocks_total=blocks,
-        kv_blocks_used=round(health.kv_usage * blocks),
+        kv_blocks_used=used,
+        kv_active_blocks=used,
+        data_parallel_rank=state.settings.data_parallel_rank,
         in_flight=serving.admission.in_flight,
         queued=serving.admission.queued,
     )

@@ -38,6 +38,8 @@ class EngineParts:
             running=len(s.running),
             waiting=len(s.waiting),
             kv_usage=s.blocks.usage,
+            kv_active_blocks=s.blocks.num_blocks - s.blocks.num_free,
+            kv_total_blocks=s.blocks.num_blocks,
             preemptions=s.preemptions,
             prefix_cache_queries=s.prefix_queries,
             prefix_cache_hits=s.prefix_hits,

@@ -179,6 +179,8 @@ class Load(msgspec.Struct, frozen=True, kw_only=True):
     kv_usage: float
     kv_blocks_total: int
     kv_blocks_used: int
+    kv_active_blocks: int  # the same count under Dynamo's name (its workers' kv_active_blocks)
+    data_parallel_rank: int
     in_flight: int
     queued: int
 

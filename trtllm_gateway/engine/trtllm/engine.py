@@ -175,6 +175,8 @@ class TrtllmEngine:
             running=running,
             waiting=max(snap.waiting, inflight - running),
             kv_usage=snap.kv_usage,
+            kv_active_blocks=snap.kv_active_blocks,
+            kv_total_blocks=snap.kv_total_blocks,
             prefix_cache_queries=snap.prefix_cache_queries,
             prefix_cache_hits=snap.prefix_cache_hits,
             detail=self._detail,

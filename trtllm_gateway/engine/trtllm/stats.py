@@ -27,6 +27,8 @@ class StatsSnapshot:
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0
+    kv_active_blocks: int = 0  # kvCacheStats.usedNumBlocks, as Dynamo's publisher reads it
+    kv_total_blocks: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
 
@@ -98,7 +100,9 @@ class StatsPoller:
         kv = stats.get("kvCacheStats") or {}
         total = int(kv.get("maxNumBlocks", 0))
         if total > 0:
-            snap.kv_usage = min(1.0, int(kv.get("usedNumBlocks", 0)) / total)
+            snap.kv_active_blocks = int(kv.get("usedNumBlocks", 0))
+            snap.kv_total_blocks = total
+            snap.kv_usage = min(1.0, snap.kv_active_blocks / total)
         # Lifetime totals in every iteration (the C++ KV cache manager's counters): add the
         # change since the last report. A total that went down means a new manager: restart.
         if "reusedBlocks" not in kv:
