@@ -40,7 +40,8 @@ class Capture:
         # The core's start-up AllBlocksCleared reaches the client's log with its first batch:
         # wait for it, so no message goes out while the subscriptions are on their way.
         deadline = time.monotonic() + 10
-        while self.engine.kv_event_log.next_id == 0 and time.monotonic() < deadline:
+        # The log is the engine's own; it has no event to wait on, so poll it.
+        while self.engine.kv_event_log.next_id == 0 and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         for fmt in self.formats:
             replay = "tcp://127.0.0.1:*" if self.replay else None
