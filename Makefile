@@ -47,14 +47,14 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-# The client venv installs (network) while the kernels compile (CPU); then lint, then the suite,
-# with its slowest tests listed at the end (where CI time goes). MALLOC_ARENA_MAX: every engine a
+# The client venv installs (network) while the kernels compile (CPU), and lint and the type
+# check run beside the model's conversion; then the suite, with its slowest tests listed at the
+# end (where CI time goes). MALLOC_ARENA_MAX: every engine a
 # test starts loads and steps in a new thread, and glibc gives each thread's allocations an arena
 # of its own that keeps its freed pages; four engines in a row left 1.5 GiB resident (0.65 with
 # two arenas), and tests/engine starts dozens.
 test:
-	$(MAKE) --no-print-directory -j2 model clients
-	$(MAKE) --no-print-directory lint typecheck
+	$(MAKE) --no-print-directory -j3 model clients lint typecheck
 	MALLOC_ARENA_MAX=2 $(PY) -m pytest -m "not gpu" -q -p no:cacheprovider --durations=30
 
 test-fast: install
