@@ -149,3 +149,39 @@ async def test_sibling_prefill_counts_against_admission(
         gate.set()
         assert (await first).status_code == 200
         assert admission.in_flight == 0
+
+
+async def test_one_request_runs_at_most_max_running_choices_at_once(
+    settings: Settings, fake_engine: FakeEngine
+) -> None:
+    """n=7 with --max-running-choices 2: never more than two of its engine requests running,
+    every choice answered, and it counts 2 against the admission limit (issue 24 item 8)."""
+    fake_engine.delay_s = 0.01
+    peak = 0
+    health = fake_engine.health
+
+    def watched() -> object:
+        nonlocal peak
+        peak = max(peak, health().running)
+        return health()
+
+    async with serve(settings, fake_engine, max_running_choices=2) as (app, client):
+        admission = drain_of(app).admission
+        body = {**CHAT, "n": 7, "max_tokens": 8, "ignore_eos": True}
+        task = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        await wait_until(lambda: admission.in_flight > 0)
+        assert admission.in_flight == 2
+        while not task.done():
+            watched()
+            await asyncio.sleep(0.002)
+        r = task.result()
+        assert r.status_code == 200
+        assert sorted(c["index"] for c in r.json()["choices"]) == list(range(7))
+        assert len(fake_engine.requests) == 7
+        assert 1 <= peak <= 2, peak
+        assert admission.in_flight == 0
+
+
+def test_queued_work_is_bounded_by_default() -> None:
+    s = Settings()
+    assert (s.max_queued_requests, s.max_running_choices) == (256, 16)

@@ -5,6 +5,11 @@ media fetches or remote prefill, and releases it on every exit path. The limit i
 running batch (--max-batch-size) plus --max-queued-requests: "queued" means admitted by the
 gateway beyond what the engine can run at once, the same quantity as vLLM's and SGLang's waiting
 queue. Past the limit, or once draining, `reserve` raises a 503 (Retry-After) at once.
+
+One HTTP request runs at most --max-running-choices of its engine requests at once (the fan-out
+starts the rest as those end), and reserves only that many: a request of 2,048 choices neither
+fills the engine's batch ahead of everyone else (the scheduler is first come, first served) nor
+takes the whole admission limit.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ class Slot:
 class Admission:
     """In-flight engine requests of one app. Event-loop only: reserve/release never await."""
 
-    def __init__(self, running: int, queued: int | None) -> None:
+    def __init__(self, running: int, queued: int | None, per_request: int | None = None) -> None:
+        """per_request: the most engine requests one HTTP request runs at once (None: all)."""
+        self.per_request = per_request
         self._queued_limit = queued
         self.capacity = None if queued is None else running + queued
         self.running_limit = running
@@ -58,10 +65,13 @@ class Admission:
         return max(0, self.in_flight - self.running_limit)
 
     def reserve(self, weight: int = 1) -> Slot:
-        """A slot for `weight` engine requests, or ServiceUnavailableError (503 + Retry-After).
+        """A slot for `weight` engine requests (at most per_request of them run at once, so
+        that many count), or ServiceUnavailableError (503 + Retry-After).
 
         An idle gateway admits any request, so one larger than the limit is served alone.
         """
+        if self.per_request is not None:
+            weight = min(weight, self.per_request)
         if self.closed:
             self.rejected["draining"] += 1
             raise ServiceUnavailableError("The server is shutting down.", code="draining")

@@ -37,7 +37,9 @@ def create_app(settings: Settings, engine: EngineBase | None = None) -> FastAPI:
 
     `app.state.drain` is the app's Drain; the server (app/server.py) runs it on SIGTERM.
     """
-    admission = Admission(settings.max_batch_size, settings.max_queued_requests)
+    admission = Admission(
+        settings.max_batch_size, settings.max_queued_requests, settings.max_running_choices
+    )
     metrics = GatewayMetrics(CollectorRegistry(), admission, settings.metrics_prefix)
     drain = Drain(admission, settings.shutdown_timeout)
     endpoint = settings.otlp_traces_endpoint

@@ -295,12 +295,18 @@ class Settings(BaseSettings):
         "before the body is buffered or parsed.",
     )
     max_queued_requests: int | None = Field(
-        None,
+        256,
         ge=0,
         description="Engine requests admitted beyond the engine's max batch size "
         "(--max-batch-size, or a TensorRT-LLM engine-args value that overrides it); past it new "
-        "requests get "
-        "503 + Retry-After before any templating or fetching (unset: no limit).",
+        "requests get 503 + Retry-After before any templating or fetching (null: no limit).",
+    )
+    max_running_choices: int = Field(
+        16,
+        ge=1,
+        description="Most engine requests (choices x prompts) of one HTTP request running at "
+        "once; the rest start as those end, and only this many count against "
+        "--max-queued-requests, so one request with n=2048 cannot fill the batch ahead of others.",
     )
     sse_keepalive_interval: float = Field(
         15.0,

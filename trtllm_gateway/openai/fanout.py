@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
+from contextlib import AbstractAsyncContextManager, aclosing, nullcontext
 from dataclasses import dataclass
 from typing import cast
 
@@ -24,14 +24,23 @@ class Choice:
 
 
 async def choice_stream(
-    engine: Engine, choice: Choice, recorder: RequestRecorder
+    engine: Engine,
+    choice: Choice,
+    recorder: RequestRecorder,
+    place: AbstractAsyncContextManager[object] | None = None,
 ) -> AsyncGenerator[ChoiceDelta, None]:
     """One engine request's deltas; stops iterating (closing, so aborting, the engine request)
-    as soon as the output finishes, e.g. on a stop string."""
+    as soon as the output finishes, e.g. on a stop string. `place`: held while the engine
+    request runs (a semaphore bounds how many of one HTTP request's choices run at once); the
+    engine request starts once it is taken, and a wait cut short ends like an abort."""
     output = choice.output
-    events = cast(AsyncGenerator[TokenEvent, None], engine.generate(choice.request))
     try:
-        async with aclosing(events) as engine_events:
+        async with (
+            place or nullcontext(),
+            aclosing(
+                cast(AsyncGenerator[TokenEvent, None], engine.generate(choice.request))
+            ) as engine_events,
+        ):
             async for event in engine_events:
                 recorder.on_event(event)  # inline rather than a wrapper: one generator hop less
                 yield output.feed(event)

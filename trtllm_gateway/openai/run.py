@@ -8,6 +8,7 @@ with the endpoint's Renderer. Nothing here calls back into an endpoint.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, Coroutine, Sequence
@@ -98,11 +99,13 @@ class Run:
 
     def generate(self, choices: Sequence[Choice]) -> AsyncGenerator[Item, None]:
         """Every choice's deltas, merged as they come; the engine requests start when the
-        stream is first iterated."""
+        stream is first iterated, at most --max-running-choices of them at once."""
         serving = self.serving
         recorders = serving.metrics.recorders(self.arrival, len(choices))
+        running = serving.admission.per_request
+        places = asyncio.Semaphore(running) if running and len(choices) > running else None
         streams = [
-            choice_stream(serving.engine, c, recorder)
+            choice_stream(serving.engine, c, recorder, places)
             for c, recorder in zip(choices, recorders, strict=True)
         ]
         return merge(streams)
