@@ -2,7 +2,8 @@
 cancels against a real built-in-engine server; pass = 0 server errors, RSS flat within 10% after
 warm-up, no KV blocks or requests left in the engine at the end, no descriptors left open past
 the start (the gateway and its engine core), and, when it started the server, no process and no
-ipc:// socket directory (gateway-core-* in its private TMPDIR) left after the server's exit.
+ipc:// socket directory (gateway-core-* in its private TMPDIR) and no /dev/shm segment it made
+left after the server's exit.
 
     python -m bench.soak [--requests 10000] [--concurrency 64] [--cancel-rate 0.2]
                          [--max-tokens 32] [--url URL --pid PID] [-- serve flags...]
@@ -207,16 +208,24 @@ def _start_server(port: int, serve_args: list[str], tmp: str) -> subprocess.Pope
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, env=env)
 
 
-def _left_behind(children: list[int], tmp: str) -> dict[str, Any]:
-    """What outlived the server: its processes and socket directories (after a short grace)."""
+def _shm() -> set[str]:
+    """The shared memory segments now (the core hands large blobs over in /dev/shm)."""
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.iterdir()} if shm.is_dir() else set()
+
+
+def _left_behind(children: list[int], tmp: str, shm_before: set[str]) -> dict[str, Any]:
+    """What outlived the server: its processes, socket directories and shared memory segments
+    (after a short grace)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         alive = [c for c in children if psutil.pid_exists(c)]
         dirs = [p.name for p in Path(tmp).glob("gateway-core-*")]
-        if not alive and not dirs:
+        shm = sorted(_shm() - shm_before)
+        if not alive and not dirs and not shm:
             break
         time.sleep(0.2)
-    return {"processes_left": alive, "socket_dirs_left": dirs}
+    return {"processes_left": alive, "socket_dirs_left": dirs, "shm_left": shm}
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
@@ -248,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = None
     children: list[int] = []
     tmp = tempfile.mkdtemp(prefix="soak-")
+    shm_before = _shm()
     if args.url:
         url, pid = args.url.rstrip("/"), args.pid or 0
         if not pid:
@@ -266,9 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)
     if proc is not None:
-        left = _left_behind(children, tmp)
+        left = _left_behind(children, tmp, shm_before)
         summary |= {"server_exit_code": code, **left}
-        clean = not left["processes_left"] and not left["socket_dirs_left"]
+        clean = not any(left.values())
         summary["passed"] = summary["passed"] and code == 0 and clean
     sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     return 0 if summary["passed"] else 1
