@@ -14,8 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.config import EngineConfig
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_vision import VisionWorker
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
 from trtllm_gateway.engine.builtin.outcomes import Emitted
@@ -54,11 +53,11 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, settings: Settings) -> None:
-        """settings: what the launcher brought across (API keys already dropped)."""
-        self.config = EngineConfig.from_settings(settings)
+    def __init__(self, config: BuiltinConfig) -> None:
+        """config: what the launcher brought across (the engine's part only, no keys)."""
+        self.config = config
         self.stopping = False
-        self._interval = StreamInterval(self.config.stream_interval)
+        self._interval = StreamInterval(config.engine.stream_interval)
         self._pending: Emitted = []
         self._parts: EngineParts | None = None
         self.loaded: LoadedModel | None = None
@@ -66,13 +65,13 @@ class EngineCore:
         self._encoding: dict[str, tuple[Add, bytes | None]] = {}  # images being encoded
         self.info = EngineInfo(model_id="", max_model_len=0, vocab_size=0, eos_token_ids=())
         # The prefix cache's events, forwarded with each batch to the client's own log.
-        self.kv_events = KvEventLog(self.config.block_size, capacity=1 << 20)
+        self.kv_events = KvEventLog(config.engine.block_size, capacity=1 << 20)
         self._kv_sent = -1
 
     def load(self, progress: Callable[[str], None]) -> Ready:
-        lm = self.loaded = load(self.config.load, progress)
+        lm = self.loaded = load(self.config.engine, progress)
         if lm.vision is not None:
-            embedder = create_embedder(lm.vision, self.config.load)
+            embedder = create_embedder(lm.vision, self.config)
             self._vision = VisionWorker(embedder, lm.max_model_len)
         parts = self._parts = assemble(lm, self.config, self.kv_events)
         self.info = parts.info
