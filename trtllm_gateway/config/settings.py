@@ -26,8 +26,7 @@ __all__ = ["DEFAULT_MODEL", "Settings"]
 
 Part = TypeVar("Part", bound=BaseModel)
 
-# Bases in reverse: pydantic collects fields over the reversed MRO, so the server's flags come
-# first in --help, as they did before the split.
+# The parts in the order their flags appear (--help, the README's tables).
 PARTS: tuple[type[BaseModel], ...] = (
     ServerConfig,
     ServingConfig,
@@ -38,6 +37,8 @@ PARTS: tuple[type[BaseModel], ...] = (
 )
 
 
+# The bases are PARTS reversed: pydantic collects fields over the reversed MRO, so the server's
+# flags come first in --help, as they did before the split.
 class Settings(
     MediaConfig,
     DisaggConfig,
