@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from tests.api.ops_helpers import state_of
 from tests.conftest import MODEL
-from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
+from trtllm_gateway.engine.stats import RemotePrefillStats
 
 LABEL = f'model_name="{MODEL}"'
 

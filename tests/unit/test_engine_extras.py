@@ -16,9 +16,9 @@ from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
-from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import EngineInfo
+from trtllm_gateway.engine.stats import RemotePrefillStats
 
 
 class EncodingFakeEngine(FakeEngine):

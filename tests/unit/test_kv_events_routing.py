@@ -15,10 +15,10 @@ from trtllm_gateway.engine.disagg.kv_follow import KvFollower
 from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
 from trtllm_gateway.engine.disagg.siblings import SiblingPool
-from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.kv_events.log import AllBlocksCleared, BlockRemoved, BlockStored
 from trtllm_gateway.engine.protocol import EngineInfo, GenerateRequest, SamplingParams
+from trtllm_gateway.engine.stats import RemotePrefillStats
 
 BS = 4
 PROMPT = tuple(range(100, 120))  # five full blocks

@@ -14,7 +14,6 @@ import pytest
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine, SiblingMismatchError
 from trtllm_gateway.engine.disagg.siblings import SiblingPool
-from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import (
     EngineInfo,
@@ -22,6 +21,7 @@ from trtllm_gateway.engine.protocol import (
     RemotePrefillFailedError,
     SamplingParams,
 )
+from trtllm_gateway.engine.stats import RemotePrefillStats
 
 INFO = EngineInfo(model_id="m", max_model_len=512, vocab_size=100, eos_token_ids=(), kv_layout="L1")
 PROMPT = tuple(range(1, 41))

@@ -23,10 +23,10 @@ from tests.upstream.dynamo_zmq_wire import decode_batch
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
-from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.kv_events.log import AllBlocksCleared, BlockRemoved, BlockStored
 from trtllm_gateway.engine.kv_events.wire import dynamo_payload
 from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError, SamplingParams
+from trtllm_gateway.engine.stats import RemotePrefillStats
 
 ensure_on_path()
 

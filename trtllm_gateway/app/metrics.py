@@ -29,8 +29,8 @@ from trtllm_gateway.app.ops_collectors import (
     RemoteEncodeCollector,
     RemotePrefillCollector,
 )
-from trtllm_gateway.engine.disagg.stats import KvRoutingStats, RemotePrefillStats
 from trtllm_gateway.engine.protocol import EngineHealth, FinishReason, TokenEvent
+from trtllm_gateway.engine.stats import KvRoutingStats, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
 
 _LATENCY_BUCKETS = (

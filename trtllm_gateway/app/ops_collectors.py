@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from trtllm_gateway.app.admission import Admission
 from trtllm_gateway.engine.disagg.remote_encode import OUTCOMES as ENCODE_OUTCOMES
-from trtllm_gateway.engine.disagg.stats import OUTCOMES, RemotePrefillStats
+from trtllm_gateway.engine.stats import OUTCOMES, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
 
 PREFIX = "trtllm_gateway:"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from trtllm_gateway.engine.disagg.stats import KvRoutingStats, RemotePrefillStats
 from trtllm_gateway.engine.kv_events.log import KvEventLog
+from trtllm_gateway.engine.stats import KvRoutingStats, RemotePrefillStats
 
 
 @dataclass(frozen=True, slots=True)

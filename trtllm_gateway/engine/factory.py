@@ -24,7 +24,7 @@ def create_engine(config: GatewayConfig) -> EngineBase:
     if config.mode == "decode" and config.disagg.prefill_url:
         assert isinstance(engine, Engine)  # a decode instance generates
         from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
-        from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
+        from trtllm_gateway.engine.stats import RemotePrefillStats
 
         return RemotePrefillEngine(engine, config.disagg, RemotePrefillStats())
     return engine

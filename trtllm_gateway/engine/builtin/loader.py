@@ -1,4 +1,4 @@
-"""Load the built-in engine's pieces from Settings: model, KV cache, block manager, runner."""
+"""Load the built-in engine's pieces from its EngineConfig: model, KV cache, blocks, runner."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from trtllm_gateway.engine.builtin.cpu_threads import sized
 from trtllm_gateway.engine.builtin.model import MLP, Attention, LlamaModel, RMSNorm
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
+from trtllm_gateway.engine.builtin.placement import pick_device, pick_dtype
 from trtllm_gateway.engine.builtin.quant import quantize_int8
 from trtllm_gateway.engine.builtin.runner import ModelRunner
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder, load_encoder
@@ -33,7 +34,6 @@ from trtllm_gateway.engine.model_source import resolve_model
 logger = logging.getLogger(__name__)
 
 CPU_KV_BUDGET_BYTES = 1 << 30  # --kv-cache-fraction applies to this on CPU
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(slots=True)
@@ -48,27 +48,6 @@ class LoadedModel:
     max_model_len: int
     kv_layout: str
     vision: VisionEncoder | None = None  # LLaVA checkpoints: tower + projector
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def pick_dtype(name: str, device: torch.device, quantization: str | None = None) -> torch.dtype:
-    """auto: bf16 on CUDA; float32 on CPU, except with --quantization int8, whose int8 kernel
-    wants bf16 activations. bf16 is about twice as fast on CPUs with native bf16 dot products
-    at batch 8 and 32 (docs/benchmarks.md, "CPU dtype"), but its rounding flips greedy tokens of
-    a small model: SmolLM2-135M answered "What is the capital of France?" with "L'Etoile, la
-    Marseillaise, ..." in bf16 and "The capital of France is Paris." in float32 (HF transformers'
-    float32 answer), and a request's greedy text then depended on what it was batched with.
-    Ask for --dtype bfloat16 to trade that for speed."""
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cuda" or quantization == "int8":
-        return torch.bfloat16
-    return torch.float32
 
 
 def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None) -> LoadedModel:

@@ -24,7 +24,6 @@ from trtllm_gateway.engine.capabilities import EngineExtras, KvHandoff
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
 from trtllm_gateway.engine.disagg.siblings import Sibling, SiblingPool, sibling_headers
-from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     Engine,
@@ -35,6 +34,7 @@ from trtllm_gateway.engine.protocol import (
     RemotePrefillFailedError,
     TokenEvent,
 )
+from trtllm_gateway.engine.stats import RemotePrefillStats
 
 logger = logging.getLogger(__name__)
 

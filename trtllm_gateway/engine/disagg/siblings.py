@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
-from trtllm_gateway.engine.disagg.stats import KvRoutingStats
+from trtllm_gateway.engine.stats import KvRoutingStats
 
 
 @dataclass

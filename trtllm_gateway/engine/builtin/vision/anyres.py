@@ -7,16 +7,27 @@ first. Mirrors pack_image_features in transformers.models.llava_next (tested equ
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder
+from trtllm_gateway.engine.builtin.vision.spec import VisionSpec
+
+
+class TileEncoder(Protocol):
+    """What packing needs of the encoder (vision/encoder.py's VisionEncoder, which imports this
+    module: a protocol keeps the two free of a cycle)."""
+
+    spec: VisionSpec
+    patch_grid: int
+    patch_size: int
+    image_newline: torch.nn.Parameter | None
+
+    def _project(self, pixels: torch.Tensor) -> torch.Tensor: ...
 
 
 def pack_anyres(
-    enc: VisionEncoder, pixels: torch.Tensor, sizes: list[tuple[int, int]]
+    enc: TileEncoder, pixels: torch.Tensor, sizes: list[tuple[int, int]]
 ) -> list[torch.Tensor]:
     """pixels [B, max_tiles, 3, H, W] (padded), sizes (height, width) per image."""
     from transformers.models.llava_next.modeling_llava_next import (

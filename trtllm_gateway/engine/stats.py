@@ -1,8 +1,9 @@
 """RemotePrefillStats, KvRoutingStats: counters a decode instance keeps about prefill siblings.
 
-Written by engine/disagg/remote_prefill.py and engine/disagg/siblings.py,
-read by the /metrics collectors at
-scrape time (like EngineHealth) through EngineExtras, so nothing here depends on prometheus.
+Written by engine/disagg/remote_prefill.py and engine/disagg/siblings.py, read by the /metrics
+collectors at scrape time (like EngineHealth) through EngineExtras, so nothing here depends on
+prometheus. Kept out of disagg/: capabilities.py's EngineExtras names them, and disagg/ builds on
+capabilities.py (the no-cycle contract).
 """
 
 from __future__ import annotations
