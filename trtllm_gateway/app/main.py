@@ -27,6 +27,7 @@ from trtllm_gateway.app.version import VERSION
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.protocol import EngineBase
 from trtllm_gateway.internal_api import disagg, encode, kv_events
+from trtllm_gateway.multimodal import create_pixel_budget
 from trtllm_gateway.openai import models
 from trtllm_gateway.openai.chat import router as chat
 from trtllm_gateway.openai.completions import router as completions
@@ -41,6 +42,7 @@ def create_app(settings: Settings, engine: EngineBase | None = None) -> FastAPI:
         settings.max_batch_size, settings.max_queued_requests, settings.max_running_choices
     )
     metrics = GatewayMetrics(CollectorRegistry(), admission, settings.metrics_prefix)
+    metrics.pixels = create_pixel_budget(settings)
     drain = Drain(admission, settings.shutdown_timeout)
     endpoint = settings.otlp_traces_endpoint
     tracer = Tracer(endpoint) if endpoint else None
