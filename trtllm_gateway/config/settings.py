@@ -217,6 +217,12 @@ class Settings(BaseSettings):
     max_grammar_bytes: int = Field(
         65536, ge=1, description="Largest response_format schema, regex or grammar, in bytes."
     )
+    grammar_compile_timeout: float = Field(
+        10.0,
+        gt=0.0,
+        description="Seconds a request's constraint may take to compile in the built-in engine "
+        "(off its step loop) before the request fails with 400.",
+    )
     logits_processor: list[str] = Field(
         default_factory=list,
         description="Logits processor classes, module:Class (docs/logits_processors.md), run by "

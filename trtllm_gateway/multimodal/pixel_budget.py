@@ -52,7 +52,7 @@ class PixelBudget:
     def lease(self) -> PixelLease:
         return PixelLease(self)
 
-    async def _acquire(self, pixels: int, timeout: float) -> None:
+    async def _acquire(self, pixels: int, wait_s: float) -> None:
         if self.capacity and pixels > self.capacity:
             raise MediaRejectedError(
                 f"the request's images have {pixels} pixels, more than the server decodes at "
@@ -65,7 +65,7 @@ class PixelBudget:
         waiter = _Waiter(pixels)
         self._waiters.append(waiter)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(wait_s):
                 await waiter.granted
         except BaseException as exc:
             if waiter.granted.done() and not waiter.granted.cancelled():
@@ -76,7 +76,7 @@ class PixelBudget:
                 self._wake()  # the head may have blocked smaller requests behind it
             if isinstance(exc, TimeoutError):
                 raise MediaBusyError(
-                    f"the server is decoding too many image pixels at once; waited {timeout:g} s"
+                    f"the server is decoding too many image pixels at once; waited {wait_s:g} s"
                 ) from None
             raise
 
@@ -107,12 +107,12 @@ class PixelLease:
         self._budget = budget
         self.pixels = 0
 
-    async def acquire(self, pixels: int, timeout: float) -> None:
-        """Reserve `pixels` more, waiting up to `timeout` seconds (MediaBusyError, a 503);
+    async def acquire(self, pixels: int, wait_s: float) -> None:
+        """Reserve `pixels` more, waiting up to `wait_s` seconds (MediaBusyError, a 503);
         more than the whole budget is a MediaRejectedError (400) at once."""
         if pixels <= 0:
             return
-        await self._budget._acquire(pixels, timeout)
+        await self._budget._acquire(pixels, wait_s)
         self.pixels += pixels
 
     def release(self) -> None:

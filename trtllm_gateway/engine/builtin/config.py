@@ -36,6 +36,7 @@ class EngineConfig:
     data_parallel_rank: int = 0  # named by the KV events
     logits_processors: tuple[str, ...] = ()  # module:Class paths, loaded in the core
     test_logits_processor: bool = False
+    grammar_compile_timeout: float = 10.0  # seconds a request's matcher may take to build
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:
@@ -53,4 +54,5 @@ class EngineConfig:
             data_parallel_rank=settings.data_parallel_rank,
             logits_processors=tuple(settings.logits_processor),
             test_logits_processor=settings.enable_test_logits_processor,
+            grammar_compile_timeout=settings.grammar_compile_timeout,
         )
