@@ -6,13 +6,18 @@ that stalled every stream; here it runs on a small thread pool (llguidance drops
 it builds), the request waits outside the scheduler, and the core admits it once a Wakeup
 says its matcher is ready. A build still running at its deadline fails its request with a 400
 (its late result is dropped); the thread cannot be interrupted, but llguidance's own fuel
-limits end it.
+limits end it. The build threads run at the lowest CPU priority: on a small CPU box the step
+loop's kernels (whose OpenMP barriers wait for a preempted thread) would otherwise share the
+cores with a bomb's lexer and every stream would slow down with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +36,9 @@ class GuidedWorker:
         self.factory = factory
         self.timeout = timeout
         self._wake = wake
-        self._pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="guided")
+        self._pool = ThreadPoolExecutor(
+            _WORKERS, thread_name_prefix="guided", initializer=_lowest_priority
+        )
         self._done: queue.SimpleQueue[tuple[str, int, Built]] = queue.SimpleQueue()
         # request_id -> (build ticket, deadline, param): a ticket tells a re-sent id's build
         # from the late result of one that timed out.
@@ -101,3 +108,9 @@ class GuidedWorker:
     def close(self) -> None:
         self._pending.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lowest_priority() -> None:
+    """Nice 19 for the calling thread (Linux threads have their own nice value)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
