@@ -68,20 +68,22 @@ class GuidedFactory:
             template = self._templates.get(key)
             if template is not None:
                 self._templates.move_to_end(key)
+        cached = template is not None
         if template is None:
             template = LLMatcher(self.tokenizer(), grammar_for(guided), log_level=0)
             if template.is_error():
                 raise InvalidRequestError(
                     f"constraint failed to start: {template.get_error()}", param=param
                 )
-            with self._lock:
-                self._templates[key] = template
-                while len(self._templates) > _TEMPLATES:
-                    self._templates.popitem(last=False)
         row = RowMatcher(template.deep_copy(), guided.start_after)
         fill_bitmask([row], self.vocab_size, pin=False)  # the lexer's build, here
         if row.error is not None:
             raise InvalidRequestError(f"constraint failed to start: {row.error}", param=param)
+        if not cached:  # kept only once its first mask worked
+            with self._lock:
+                self._templates[key] = template
+                while len(self._templates) > _TEMPLATES:
+                    self._templates.popitem(last=False)
         return row
 
 
