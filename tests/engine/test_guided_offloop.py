@@ -6,11 +6,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import pytest
 
 from tests.engine.conftest import EngineFactory, collect, core_of, greedy
 from trtllm_gateway.engine.protocol import GenerateRequest, GuidedDecoding, InvalidRequestError
+
+
+async def until(cond: Callable[[], bool], wait_s: float = 10.0) -> bool:
+    """Poll the core's state (it has no event to wait on) until cond() or wait_s passes."""
+    for _ in range(int(wait_s / 0.005)):
+        if cond():
+            return True
+        await asyncio.sleep(0.005)
+    return cond()
 
 
 async def test_a_build_past_the_deadline_is_a_400_and_the_engine_goes_on(
@@ -37,17 +47,14 @@ async def test_abort_while_the_grammar_builds(
     prompt = tuple(chat_prompts[0])
     bomb = greedy(4, guided=GuidedDecoding("regex", "r{1000000}"))
     consumer = asyncio.ensure_future(collect(engine, GenerateRequest("gone", prompt, bomb)))
-    deadline = time.monotonic() + 10
-    while "gone" not in core._constraining and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
-    assert "gone" in core._constraining  # waiting for its matcher, outside the scheduler
+    assert await until(
+        lambda: "gone" in core._constraining
+    )  # waiting for its matcher, outside the scheduler
     consumer.cancel()  # the client goes away: generate aborts the request
     with contextlib.suppress(asyncio.CancelledError):
         await consumer
-    deadline = time.monotonic() + 10
-    while core._constraining and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    assert not core._constraining and core._guided is not None and not core._guided.pending()
+    assert await until(lambda: not core._constraining)
+    assert core._guided is not None and not core._guided.pending()
     plain = await collect(engine, GenerateRequest("gone", prompt, greedy(2)))
     assert sum(len(ev.token_ids) for ev in plain) == 2
 
