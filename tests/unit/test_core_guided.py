@@ -122,3 +122,15 @@ def test_build_errors_become_invalid_requests(wakeup: Wakeup) -> None:
         ((_, err),) = wait_ready(worker)
         assert isinstance(err, InvalidRequestError) and expected in str(err)
         worker.close()
+
+
+def test_wakeup_set_clear_and_close() -> None:
+    w = Wakeup()
+    w.set()
+    w.set()
+    assert readable(w.fd, 0.5)
+    w.clear()
+    assert not readable(w.fd, 0.05)
+    w.close()
+    w.set()  # a late result after close writes nowhere (the fd number may be reused)
+    w.close()  # idempotent

@@ -133,6 +133,7 @@ class EngineCore:
                 self._vision.close()
             if self._guided is not None:
                 self._guided.close()
+            self._wakeup.close()  # the loop polls no more: it sends its last batch and ends
         return None
 
     def has_work(self) -> bool:
@@ -283,6 +284,9 @@ class EngineCore:
             self._check_new(msg.request_id)
             assert self._guided is not None
             self._constraining[msg.request_id] = _Deferred(req, msg, kv, placed)
+            if self.stopping:  # an Add behind the Stop: the build threads are gone
+                self._forget_guided(msg.request_id)
+                return
             self._guided.submit(msg.request_id, guided)
             return
         seq, first = self._admit(req, msg, kv, matcher)

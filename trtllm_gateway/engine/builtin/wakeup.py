@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 
 class Wakeup:
@@ -16,11 +17,16 @@ class Wakeup:
         self.fd, self._w = os.pipe()
         os.set_blocking(self.fd, False)
         os.set_blocking(self._w, False)  # a full pipe already wakes the loop: never block
+        self._lock = threading.Lock()
+        self._closed = False
 
     def set(self) -> None:
-        """Thread-safe; a write after close() is ignored (a late result at shutdown)."""
-        with contextlib.suppress(OSError):
-            os.write(self._w, b"\0")
+        """Thread-safe; after close() it does nothing: a late result at shutdown must not
+        write to whatever file has reused the descriptor's number."""
+        with self._lock:
+            if not self._closed:
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._w, b"\0")
 
     def clear(self) -> None:
         """Drain the pipe (the loop, before it collects what finished)."""
@@ -29,6 +35,9 @@ class Wakeup:
                 pass
 
     def close(self) -> None:
-        for fd in (self.fd, self._w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self.fd)
+            os.close(self._w)
