@@ -147,3 +147,21 @@ async def test_a_request_over_the_whole_budget_is_a_400_before_decoding() -> Non
     assert info.value.param == "messages" and info.value.code == "image_too_large"
     assert metrics.images_decoded == 0 and budget.in_flight == 0
     assert metrics.fetches[("data", "rejected")] == 2
+
+
+async def test_a_release_between_a_cancel_and_its_cleanup_skips_the_cancelled() -> None:
+    budget = PixelBudget(100)
+    holder = budget.lease()
+    await holder.acquire(100, 1.0)
+    first, second = budget.lease(), budget.lease()
+    a = asyncio.create_task(first.acquire(50, 5.0))
+    b = asyncio.create_task(second.acquire(50, 5.0))
+    await asyncio.sleep(0.01)
+    a.cancel()  # its future is cancelled now; its except block runs on its next turn
+    holder.release()  # in between: must not grant the cancelled waiter
+    await asyncio.wait_for(b, 1.0)
+    with pytest.raises(asyncio.CancelledError):
+        await a
+    assert (budget.in_flight, budget.waiting, first.pixels, second.pixels) == (50, 0, 0, 50)
+    second.release()
+    assert budget.in_flight == 0

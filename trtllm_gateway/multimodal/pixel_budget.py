@@ -72,7 +72,8 @@ class PixelBudget:
                 self._give(pixels)  # granted just as the wait ended: hand it back
             else:
                 waiter.granted.cancel()
-                self._waiters.remove(waiter)
+                if waiter in self._waiters:  # _wake drops a cancelled one it meets first
+                    self._waiters.remove(waiter)
                 self._wake()  # the head may have blocked smaller requests behind it
             if isinstance(exc, TimeoutError):
                 raise MediaBusyError(
@@ -92,10 +93,16 @@ class PixelBudget:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self._fits(self._waiters[0].pixels):
-            waiter = self._waiters.popleft()
-            self._take(waiter.pixels)
-            waiter.granted.set_result(None)
+        while self._waiters:
+            head = self._waiters[0]
+            if head.granted.done():  # cancelled: its task has not run its cleanup yet
+                self._waiters.popleft()
+                continue
+            if not self._fits(head.pixels):
+                return
+            self._waiters.popleft()
+            self._take(head.pixels)
+            head.granted.set_result(None)
 
 
 class PixelLease:
