@@ -269,7 +269,7 @@ class _Loader:
         return ImageInput(hash=image_hash, payload=image)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # by identity: unfinished.remove(staged)
 class _Staged:
     """An image read and sized, not decoded yet: its bytes, or what is ready without decoding
     (a cache hit, whose pixels count as the request's too while it holds them; an embedding)."""
