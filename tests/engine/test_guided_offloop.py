@@ -79,3 +79,27 @@ async def test_plain_requests_step_while_a_bomb_compiles(
     assert sum(len(ev.token_ids) for ev in plain) == 6
     # The plain request finished while at least one bomb was still compiling off the loop.
     assert pending_then >= 1, f"every bomb was built before a 6-token request ended ({plain_s})"
+
+
+async def test_a_constraint_built_before_skips_the_worker(
+    make_engine: EngineFactory, chat_prompts: list[list[int]]
+) -> None:
+    engine = await make_engine()
+    core = core_of(engine)
+    worker = core._guided
+    assert worker is not None
+    submitted: list[str] = []
+    submit = worker.submit
+
+    def counting(request_id: str, guided: GuidedDecoding) -> None:
+        submitted.append(request_id)
+        submit(request_id, guided)
+
+    worker.submit = counting  # type: ignore[method-assign]
+    prompt = tuple(chat_prompts[2])
+    sp = greedy(6, guided=GuidedDecoding("regex", "(yes|no) [0-9]{2}"))
+    first = await collect(engine, GenerateRequest("first", prompt, sp))
+    second = await collect(engine, GenerateRequest("second", prompt, sp))
+    assert submitted == ["first"]  # the second copied the template in the step loop
+    tokens = [[t for ev in events for t in ev.token_ids] for events in (first, second)]
+    assert tokens[0] == tokens[1] and tokens[0]

@@ -280,6 +280,8 @@ class EngineCore:
     ) -> None:
         guided = req.sampling.guided
         if guided is not None and matcher is None:
+            matcher = self._p.guided.cached_matcher(guided)
+        if guided is not None and matcher is None:
             # Its matcher is built off the step loop; the request is admitted when it is ready.
             self._check_new(msg.request_id)
             assert self._guided is not None
