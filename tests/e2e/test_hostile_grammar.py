@@ -18,10 +18,14 @@ from tests.e2e.server import Server
 from tests.e2e.victims import VICTIM_PROMPTS, chat
 
 # Distinct specs, so that no compiled template is shared between the bombs (each pays in full).
-BOMBS = [{"structured_outputs": {"regex": f"{c}{{1000000}}"}} for c in "abcd"] + [
+BOMBS = [{"structured_outputs": {"regex": f"{c}{{1000000}}"}} for c in "abcdefg"] + [
     {"structured_outputs": {"grammar": 'start: "a"{1000000}'}}
 ]
-MAX_GAP_S = 1.0  # a stalled step loop held every stream for 2-6 s here before the fix
+# The same number of ordinary one-token requests beside the victims: the prefill any new
+# requests cost them. Built in the step loop, the bombs stalled every stream for 2-5 s more
+# than these here; built off it, 0.1-0.3 s more on two busy cores (load 4-7).
+CONTROL: list[dict[str, object]] = [{"max_tokens": 1}] * len(BOMBS)
+MAX_EXTRA_GAP_S = 1.5
 
 
 async def _streamed(
@@ -52,28 +56,44 @@ async def _bomb(client: httpx.AsyncClient, url: str, extra: dict[str, object]) -
     return await client.post(f"{url}/v1/chat/completions", json=chat("Hi", **extra))
 
 
+async def _victims(
+    client: httpx.AsyncClient, url: str, bombs: list[dict[str, object]]
+) -> tuple[list[str], float, list[httpx.Response]]:
+    """The three streaming victims, the bombs sent once each victim streams: the victims'
+    texts, their worst gap and the bombs' responses."""
+    started = [asyncio.Event() for _ in VICTIM_PROMPTS]
+    streams = [
+        asyncio.create_task(_streamed(client, url, p, ev))
+        for p, ev in zip(VICTIM_PROMPTS, started, strict=True)
+    ]
+    await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in started)), 60)
+    hits = await asyncio.gather(*(_bomb(client, url, b) for b in bombs))
+    done = await asyncio.gather(*streams)
+    return [text for text, _ in done], max(gap for _, gap in done), hits
+
+
 async def test_grammar_bombs_do_not_stall_the_streams(server: Server) -> None:
     async with httpx.AsyncClient(timeout=120) as client:
+        url = server.url
         expected = [
-            (
-                await client.post(f"{server.url}/v1/chat/completions", json=chat(p, max_tokens=48))
-            ).json()["choices"][0]["message"]["content"]
+            (await client.post(f"{url}/v1/chat/completions", json=chat(p, max_tokens=48))).json()[
+                "choices"
+            ][0]["message"]["content"]
             for p in VICTIM_PROMPTS
         ]
-        started = [asyncio.Event() for _ in VICTIM_PROMPTS]
-        streams = [
-            asyncio.create_task(_streamed(client, server.url, p, ev))
-            for p, ev in zip(VICTIM_PROMPTS, started, strict=True)
-        ]
-        await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in started)), 60)
+        alone, baseline, controls = await _victims(client, url, CONTROL)
         t0 = time.monotonic()
-        bombs = await asyncio.gather(*(_bomb(client, server.url, b) for b in BOMBS))
+        beside, worst, hits = await _victims(client, url, BOMBS)
         bomb_s = time.monotonic() - t0
-        beside = await asyncio.gather(*streams)
-    for r in bombs:
+    assert all(r.status_code == 200 for r in controls)
+    for r in hits:
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"].startswith("structured_outputs"), r.text
-    assert [text for text, _ in beside] == expected
-    worst = max(gap for _, gap in beside)
-    assert worst < MAX_GAP_S, f"a victim waited {worst:.2f} s for a token (bombs: {bomb_s:.1f} s)"
+    assert alone == expected
+    assert beside == expected
+    assert worst < baseline + MAX_EXTRA_GAP_S, (
+        f"a victim waited {worst:.2f} s for a token beside the bombs, {baseline:.2f} s beside "
+        "as many ordinary requests "
+        f"(bombs and victims: {bomb_s:.1f} s)"
+    )
     assert server.metric("trtllm_gateway:kv_cache_usage_perc") == 0
