@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.offline import random_prompts
-from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.config import EngineConfig
+from trtllm_gateway.config.engine import EngineConfig
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.loader import load
 from trtllm_gateway.engine.builtin.parts import assemble
 from trtllm_gateway.engine.kv_events.log import KvEventLog
@@ -64,9 +64,8 @@ def _group(stats: pstats.Stats) -> dict[str, float]:
 
 
 def profile(batch: int, steps: int, repeats: int, packed: str) -> dict[str, Any]:
-    settings = Settings(device="cpu", dtype="float32", packed_weights=packed)  # type: ignore[arg-type]
-    config = EngineConfig.from_settings(settings)
-    parts = assemble(load(config.load), config, KvEventLog(config.block_size))
+    engine = EngineConfig(device="cpu", dtype="float32", packed_weights=packed)  # type: ignore[arg-type]
+    parts = assemble(load(engine), BuiltinConfig(engine), KvEventLog(engine.block_size))
     st = parts.stepper
     total = 3 + steps * (repeats + 1)
     sp = SamplingParams(max_tokens=total + 8, temperature=0.0, ignore_eos=True)

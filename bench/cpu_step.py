@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from bench.offline import random_prompts
-from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.config import EngineConfig
+from trtllm_gateway.config.engine import EngineConfig
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.loader import load
 from trtllm_gateway.engine.builtin.parts import assemble
 from trtllm_gateway.engine.kv_events.log import KvEventLog
@@ -32,9 +32,13 @@ def step_ms(
 ) -> float:
     """Load, admit and step in this one thread, as the engine's own thread does (a model loaded
     in another thread leaves a second set of OpenMP threads, which slows every step)."""
-    settings = Settings(device="cpu", dtype=dtype, quantization=quantization, packed_weights=packed)  # type: ignore[arg-type]
-    config = EngineConfig.from_settings(settings)
-    parts = assemble(load(config.load), config, KvEventLog(config.block_size))
+    engine = EngineConfig(
+        device="cpu",
+        dtype=dtype,  # type: ignore[arg-type]
+        quantization=quantization,  # type: ignore[arg-type]
+        packed_weights=packed,  # type: ignore[arg-type]
+    )
+    parts = assemble(load(engine), BuiltinConfig(engine), KvEventLog(engine.block_size))
     st = parts.stepper
     sp = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(random_prompts(batch, 128, parts.info.vocab_size, 0)):

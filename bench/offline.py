@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 from bench.stats import summarize
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.engine import EngineConfig
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
@@ -115,7 +116,7 @@ def roofline(engine: CoreClient, context: float) -> dict[str, Any]:
     }
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     kw: dict[str, Any] = {
         "model": args.model,
         "load_format": args.load_format,
@@ -134,7 +135,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         kw["max_model_len"] = args.max_model_len
     if args.num_kv_blocks:
         kw["num_kv_blocks"] = args.num_kv_blocks
-    return Settings(**kw)
+    return EngineConfig(**kw)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -166,13 +167,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    settings = settings_from(args)
-    engine = core_client(settings, in_thread=True)
+    config = engine_config_from(args)
+    engine = core_client(BuiltinConfig(config), in_thread=True)
     t0 = time.perf_counter()
     await engine.start()
     report: dict[str, Any] = {
         "load_s": time.perf_counter() - t0,
-        "settings": settings.model_dump(
+        "settings": config.model_dump(
             include={
                 "model",
                 "load_format",

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.device import copy_bandwidth
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits, decode_attention
 from trtllm_gateway.engine.builtin.loader import load
 
@@ -139,7 +139,7 @@ def main() -> None:
     p.add_argument("--profile-batch", type=int, default=1)
     p.add_argument("--sweeps", action="store_true", help="attention and GEMV config sweeps")
     args = p.parse_args()
-    settings = Settings(
+    config = EngineConfig(
         model=args.model,
         load_format="dummy",
         max_model_len=2304,
@@ -147,7 +147,7 @@ def main() -> None:
         max_num_tokens=8192,
         kv_cache_fraction=0.5,
     )
-    lm = load(settings)
+    lm = load(config)
     kp = lm.runner.kernels
     assert kp is not None and kp.graphs is not None
     g = kp.graphs

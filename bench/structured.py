@@ -18,7 +18,8 @@ import json
 import statistics
 import time
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.engine import EngineConfig
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_launch import core_client
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.model_source import resolve_model
@@ -92,7 +93,7 @@ async def cell(
 
 
 async def main(args: argparse.Namespace) -> None:
-    engine = core_client(Settings(device=args.device), in_thread=True)
+    engine = core_client(BuiltinConfig(EngineConfig(device=args.device)), in_thread=True)
     await engine.start()
     prompt = chat_prompt()
     await cell(engine, prompt, 2, True, 8, "warm")

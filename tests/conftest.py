@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny byte-level BPE tokenizer with a ChatML template, settings, a FakeEngine,
-the app built by create_app(settings, engine=fake), and an httpx client running its lifespan."""
+the app built by create_app(settings.parts(), engine=fake), and an httpx client running its
+lifespan."""
 
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def fake_engine(engine_info: EngineInfo, reply_ids: list[int], tokenizer_dir: Pa
 
 @pytest.fixture
 def app(settings: Settings, fake_engine: FakeEngine) -> FastAPI:
-    return create_app(settings, engine=fake_engine)
+    return create_app(settings.parts(), engine=fake_engine)
 
 
 async def wait_ready(client: httpx.AsyncClient, timeout_s: float = 10.0) -> None:

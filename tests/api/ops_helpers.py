@@ -41,7 +41,7 @@ async def serve(
     settings: Settings, engine: FakeEngine, **overrides: Any
 ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
     """create_app with `overrides` applied (and validated); yields the app and a ready client."""
-    app = create_app(Settings(**{**settings.model_dump(), **overrides}), engine=engine)
+    app = create_app(Settings(**{**settings.model_dump(), **overrides}).parts(), engine=engine)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

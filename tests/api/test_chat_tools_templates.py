@@ -45,7 +45,7 @@ def long_engine(engine_info: EngineInfo, script: list[int]) -> FakeEngine:
 
 async def post_all(settings: Settings, engine: FakeEngine, bodies: list[Any]) -> list[Any]:
     """Each body in turn to an app over `engine`; the raw responses."""
-    app = create_app(settings.model_copy(update={"max_model_len": LONG}), engine=engine)
+    app = create_app(settings.model_copy(update={"max_model_len": LONG}).parts(), engine=engine)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

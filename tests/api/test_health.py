@@ -27,7 +27,7 @@ async def test_version(client: httpx.AsyncClient) -> None:
 
 async def test_loading_is_503_then_ready(settings: Settings, fake_engine: FakeEngine) -> None:
     fake_engine.load_delay_s = 0.5
-    app = create_app(settings, engine=fake_engine)
+    app = create_app(settings.parts(), engine=fake_engine)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -49,7 +49,7 @@ async def test_failed_start_is_dead(settings: Settings, fake_engine: FakeEngine)
         raise RuntimeError("no weights")
 
     fake_engine.start = broken  # type: ignore[method-assign]
-    app = create_app(settings, engine=fake_engine)
+    app = create_app(settings.parts(), engine=fake_engine)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

@@ -31,8 +31,8 @@ async def test_request_metrics(client: httpx.AsyncClient) -> None:
 
 
 async def test_two_apps_do_not_collide(settings: Settings, fake_engine: FakeEngine) -> None:
-    first = create_app(settings, engine=fake_engine)
-    second = create_app(settings, engine=fake_engine)
+    first = create_app(settings.parts(), engine=fake_engine)
+    second = create_app(settings.parts(), engine=fake_engine)
     async with LifespanManager(second) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from trtllm_gateway.config.settings import Settings
+from tests.configs import builtin_config
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
 from trtllm_gateway.engine.builtin.cpu_kernels import build
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
@@ -88,22 +89,22 @@ T = TypeVar("T")
 
 @pytest.fixture
 async def make_engine() -> AsyncIterator[EngineFactory]:
-    engines: list[tuple[CoreClient, Settings]] = []
+    engines: list[tuple[CoreClient, BuiltinConfig]] = []
 
     async def factory(**overrides: Any) -> CoreClient:
-        settings = Settings(**{"dtype": "float32", "device": "cpu", **overrides})
-        engine = core_client(settings, in_thread=True)
+        config = builtin_config(**{"dtype": "float32", "device": "cpu", **overrides})
+        engine = core_client(config, in_thread=True)
         await engine.start()
-        engines.append((engine, settings))
+        engines.append((engine, config))
         return engine
 
     yield factory
-    for e, settings in engines:
+    for e, config in engines:
         # No block may leak: everything finished or aborted has returned its blocks. The health
         # a batch carried may be a step old: the core's own is not.
         h = core_of(e).health() if e.health().state == "ready" else e.health()
         assert h.running == 0 and h.waiting == 0, h
-        assert h.kv_usage == 0.0 or settings.enable_prefix_caching, h
+        assert h.kv_usage == 0.0 or config.engine.enable_prefix_caching, h
         await e.stop()
 
 

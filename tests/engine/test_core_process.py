@@ -23,9 +23,8 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.configs import builtin_core_client
 from tests.engine.conftest import EngineFactory, greedy
-from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.core_launch import core_client as builtin_core_client
 from trtllm_gateway.engine.core import shm_blob
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import (
@@ -40,7 +39,7 @@ CoreFactory = Callable[..., Coroutine[Any, Any, CoreClient]]
 
 
 def core_client(**overrides: Any) -> CoreClient:
-    return builtin_core_client(Settings(**{"dtype": "float32", "device": "cpu", **overrides}))
+    return builtin_core_client(**{"dtype": "float32", "device": "cpu", **overrides})
 
 
 @pytest.fixture

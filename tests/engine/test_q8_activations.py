@@ -139,10 +139,10 @@ async def test_int8_on_the_portable_build_keeps_float32_activations(
 
 def test_int8_activations_refuse_a_resolved_bf16_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """--dtype auto on --device auto resolves in the loader (bf16 on CUDA): checked there too."""
-    from trtllm_gateway.config.settings import Settings
+    from trtllm_gateway.config.engine import EngineConfig
     from trtllm_gateway.engine.builtin import loader
 
-    settings = Settings(device="cpu", packed_weights="int8")
+    config = EngineConfig(device="cpu", packed_weights="int8")
     monkeypatch.setattr(loader, "pick_dtype", lambda *a: torch.bfloat16)
     with pytest.raises(ValueError, match="--packed-weights int8 is for the CPU path"):
-        loader.load(settings)
+        loader.load(config)

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
+from tests.configs import trtllm_engine
 from tests.engine.conftest import chat_ids
 from tests.standin import ensure_on_path
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.logits.load import TEST_PROCESSOR
 from trtllm_gateway.engine.logits.processor import ExtraArgs, LogitsProcessor, Row
 from trtllm_gateway.engine.protocol import (
@@ -66,7 +66,7 @@ def _prompt(tokenizer: Any) -> tuple[int, ...]:
 
 @contextlib.asynccontextmanager
 async def _engine(model_dir: Path, **kw: Any) -> AsyncIterator[TrtllmEngine]:
-    engine = TrtllmEngine(Settings(engine="trtllm", model=str(model_dir), **kw))
+    engine = trtllm_engine(engine="trtllm", model=str(model_dir), **kw)
     await engine.start()
     try:
         yield engine

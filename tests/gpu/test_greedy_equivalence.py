@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from trtllm_gateway.config.settings import Settings
+from tests.configs import builtin_config
 from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
@@ -104,7 +104,7 @@ async def test_engine_matches_fp32_reference(
     tmp_path: Path, name: str, layers: int | None, dtype: str, graphs: bool
 ) -> None:
     shape = shape_file(tmp_path, name, layers)
-    settings = Settings(
+    config = builtin_config(
         model=str(shape),
         load_format="dummy",
         device="cuda",
@@ -115,7 +115,7 @@ async def test_engine_matches_fp32_reference(
         max_num_tokens=64,  # the 70-token prompt is prefilled in two chunks
         cuda_graphs=graphs,
     )
-    engine = core_client(settings, in_thread=True)
+    engine = core_client(config, in_thread=True)
     await engine.start()
     try:
         rng = random.Random(0)

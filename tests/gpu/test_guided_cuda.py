@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 import torch
 
-from trtllm_gateway.config.settings import Settings
+from tests.configs import builtin_config
 from trtllm_gateway.engine.builtin.core_launch import core_client
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.guided.matcher import apply_bitmask
@@ -54,7 +54,7 @@ def _tokenizer_dir() -> Path:
 async def engine() -> Any:
     tok = _tokenizer_dir()
     e = core_client(
-        Settings(
+        builtin_config(
             model="trtllm_gateway/config/models/smollm2-135m.json",
             load_format="dummy",
             tokenizer=str(tok),

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.core.inproc import ThreadLauncher
@@ -38,7 +37,7 @@ class ScriptedCore:
 
     steps_on_cpu = False  # a scripted step takes no time: nothing to yield the GIL for
 
-    def __init__(self, _settings: Settings) -> None:
+    def __init__(self) -> None:
         self.stopping = False
         self.live: dict[str, list[int]] = {}  # request id -> [produced, max_tokens, prompt_len]
         self.out: list[tuple[str, TokenEvent]] = []
@@ -123,14 +122,14 @@ class ScriptedCore:
 CORES: list[ScriptedCore] = []
 
 
-def scripted(settings: Settings) -> ScriptedCore:
-    CORES.append(ScriptedCore(settings))
+def scripted() -> ScriptedCore:
+    CORES.append(ScriptedCore())
     return CORES[-1]
 
 
 @pytest.fixture
 async def client() -> AsyncIterator[CoreClient]:
-    c = CoreClient(ThreadLauncher(Settings(), scripted), "scripted", 16)
+    c = CoreClient(ThreadLauncher(scripted), "scripted", 16)
     await c.start()
     yield c
     await c.stop()
@@ -155,7 +154,7 @@ class SlowLoadingCore(ScriptedCore):
 async def test_health_says_what_a_loading_core_is_doing() -> None:
     """The core's Loading messages reach health's detail before Ready (#23: a slow first
     start says it is building CPU kernels), and Ready clears it."""
-    c = CoreClient(ThreadLauncher(Settings(), SlowLoadingCore), "scripted", 16)
+    c = CoreClient(ThreadLauncher(SlowLoadingCore), "scripted", 16)
     starting = asyncio.create_task(c.start())
     try:
         for _ in range(200):
@@ -241,7 +240,7 @@ async def drain(gen: AsyncIterator[TokenEvent]) -> list[TokenEvent]:
 
 
 async def test_a_dead_core_fails_open_streams_and_health() -> None:
-    c = CoreClient(ThreadLauncher(Settings(), ScriptedCore), "scripted", 16)
+    c = CoreClient(ThreadLauncher(ScriptedCore), "scripted", 16)
     await c.start()
     try:
         victim = c.generate(req("victim", max_tokens=60))
@@ -259,7 +258,7 @@ async def test_a_dead_core_fails_open_streams_and_health() -> None:
 
 
 async def test_stop_ends_open_streams_with_abort() -> None:
-    c = CoreClient(ThreadLauncher(Settings(), ScriptedCore), "scripted", 16)
+    c = CoreClient(ThreadLauncher(ScriptedCore), "scripted", 16)
     await c.start()
     gen = c.generate(req("open", max_tokens=60))
     await gen.__anext__()

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.unit.test_core_client import ScriptedCore
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.core.inproc import ThreadLauncher
@@ -24,8 +23,8 @@ from trtllm_gateway.engine.protocol import EngineHealth
 class FloodCore(ScriptedCore):
     """After an Abort of "flood" arrives... never: it floods from load to Stop."""
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+    def __init__(self) -> None:
+        super().__init__()
         self.steps = 0
 
     def has_work(self) -> bool:
@@ -40,7 +39,7 @@ class FloodCore(ScriptedCore):
 
 @pytest.fixture
 async def flooded() -> AsyncIterator[CoreClient]:
-    c = CoreClient(ThreadLauncher(Settings(), FloodCore), "flood", 16)
+    c = CoreClient(ThreadLauncher(FloodCore), "flood", 16)
     await c.start()
     yield c
     await c.stop()

@@ -1,19 +1,27 @@
-"""--engine-process / --no-engine-process pick where the one engine core runs (nothing started)."""
+"""--engine-process / --no-engine-process pick where the one engine core runs (nothing started),
+and a core process gets its engine config only: the pickled factory holds no secret of the
+HTTP side."""
 
 from __future__ import annotations
 
-from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.config import engine_settings
+import pickle
+
+from tests.configs import resolve_args
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
+from trtllm_gateway.engine.builtin.core import EngineCore
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.core.inproc import ThreadLauncher
 from trtllm_gateway.engine.core.process import ProcessLauncher
 from trtllm_gateway.engine.factory import create_engine
 
+SECRETS = ("--api-key", "sk-client", "--internal-api-key", "int-secret")
+CORS = ("--allowed-origins", "https://cors.example", "--allowed-headers", "X-Cors-Header")
+
 
 def test_flag_picks_the_core_client() -> None:
-    on = Settings(_cli_parse_args=["--engine-process"])
-    off = Settings(_cli_parse_args=["--no-engine-process"])
-    assert on.engine_process and not off.engine_process
+    on = resolve_args("--engine-process")
+    off = resolve_args("--no-engine-process")
+    assert on.engine.engine_process and not off.engine.engine_process
     engine = create_engine(on)
     assert isinstance(engine, CoreClient)
     assert isinstance(engine.launcher, ProcessLauncher)
@@ -22,12 +30,30 @@ def test_flag_picks_the_core_client() -> None:
     assert isinstance(threaded, CoreClient) and isinstance(threaded.launcher, ThreadLauncher)
 
 
-def test_the_core_never_gets_the_api_keys() -> None:
-    settings = Settings(api_key=["sk-secret"], served_model_name="m")
-    core = engine_settings(settings)
-    assert core.api_key == [] and core.api_key_file is None
-    assert core.served_model_name == "m"
-    engine = create_engine(settings.model_copy(update={"engine_process": True}))
+def _factory_bytes(*argv: str) -> tuple[bytes, ProcessLauncher]:
+    engine = create_engine(resolve_args("--served-model-name", "m", "--log-level", "debug", *argv))
     assert isinstance(engine, CoreClient) and engine.info.model_id == "m"
-    assert isinstance(engine.launcher, ProcessLauncher)
-    assert engine.launcher.settings.api_key == []
+    launcher = engine.launcher
+    assert isinstance(launcher, ProcessLauncher) and launcher.log_level == "debug"
+    return pickle.dumps(launcher.factory), launcher
+
+
+def test_the_core_process_gets_no_keys_and_no_cors() -> None:
+    payload, launcher = _factory_bytes(*SECRETS, *CORS)
+    for secret in (b"sk-client", b"int-secret", b"cors.example", b"X-Cors-Header"):
+        assert secret not in payload
+    core_config = pickle.loads(payload).args[0]
+    assert isinstance(core_config, BuiltinConfig)
+    assert core_config.engine.served_model_name == "m" and core_config.encoders is None
+    assert launcher.factory.func is EngineCore
+
+
+def test_encode_siblings_get_the_internal_key() -> None:
+    """--encode-url: the core's embedder calls the siblings, so their key goes with them (and
+    it is the only secret that does; the client keys stay behind)."""
+    payload, _ = _factory_bytes(*SECRETS, "--encode-url", "http://enc:1,http://enc:2")
+    assert b"sk-client" not in payload
+    encoders = pickle.loads(payload).args[0].encoders
+    assert encoders is not None and encoders.urls == ("http://enc:1", "http://enc:2")
+    assert encoders.internal_key is not None
+    assert encoders.internal_key.get_secret_value() == "int-secret"

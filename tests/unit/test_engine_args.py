@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from trtllm_gateway.config.engine_args import (
     parse_override,
     resolve_trtllm_args,
 )
+from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.config.settings import Settings
 
 
@@ -26,12 +28,16 @@ def _without_tensorrt_llm(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setitem(sys.modules, name, None)
 
 
-def _settings(tmp_path: Path, yaml_text: str | None = None, **kw: object) -> Settings:
+def _settings(tmp_path: Path, yaml_text: str | None = None, **kw: object) -> GatewayConfig:
     if yaml_text is not None:
         path = tmp_path / "engine.yaml"
         path.write_text(yaml_text)
         kw["extra_engine_args"] = path
-    return Settings(engine="trtllm", model="/models/m", **kw)  # type: ignore[arg-type]
+    return Settings(engine="trtllm", model="/models/m", **kw).parts()  # type: ignore[arg-type]
+
+
+def _resolve(config: GatewayConfig) -> dict[str, Any]:
+    return resolve_trtllm_args(config.engine, config.trtllm)
 
 
 def test_deep_merge_merges_nested_dicts_and_replaces_the_rest() -> None:
@@ -43,14 +49,14 @@ def test_deep_merge_merges_nested_dicts_and_replaces_the_rest() -> None:
 
 def test_defaults_have_a_scheduler_without_dynamic_batch_config(tmp_path: Path) -> None:
     """DynamicBatchConfig "only applies for the TensorRT backend" (1.2 llm_args.py)."""
-    args = resolve_trtllm_args(_settings(tmp_path))
+    args = _resolve(_settings(tmp_path))
     assert args["scheduler_config"] == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
     assert args["enable_iter_perf_stats"] is True
     assert "cache_transceiver_config" not in args
 
 
 def test_cli_flags_map_to_llm_args(tmp_path: Path) -> None:
-    args = resolve_trtllm_args(
+    args = _resolve(
         _settings(
             tmp_path,
             tensor_parallel_size=4,
@@ -77,12 +83,12 @@ def test_cli_flags_map_to_llm_args(tmp_path: Path) -> None:
 
 
 def test_no_cuda_graphs_flag_disables_them(tmp_path: Path) -> None:
-    assert resolve_trtllm_args(_settings(tmp_path, cuda_graphs=False))["cuda_graph_config"] is None
+    assert _resolve(_settings(tmp_path, cuda_graphs=False))["cuda_graph_config"] is None
 
 
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
 def test_disagg_modes_get_a_cache_transceiver(tmp_path: Path, mode: str) -> None:
-    args = resolve_trtllm_args(_settings(tmp_path, mode=mode, cache_transceiver_backend="UCX"))
+    args = _resolve(_settings(tmp_path, mode=mode, cache_transceiver_backend="UCX"))
     assert args["cache_transceiver_config"] == {"backend": "UCX", "kv_transfer_timeout_ms": 30000}
 
 
@@ -95,7 +101,7 @@ def test_precedence_defaults_cli_yaml_override(tmp_path: Path) -> None:
         kv_cache_fraction=0.7,
         override_engine_args=json.dumps({"max_num_tokens": 1024, "kv_cache_config": {}}),
     )
-    args = resolve_trtllm_args(settings)
+    args = _resolve(settings)
     assert args["max_batch_size"] == 16  # YAML beats the flag
     assert args["max_num_tokens"] == 1024  # JSON beats YAML
     # Nested merge: YAML's dtype joins the flag's fraction instead of replacing the section.
@@ -105,14 +111,14 @@ def test_precedence_defaults_cli_yaml_override(tmp_path: Path) -> None:
 
 
 def test_yaml_can_disable_a_section_with_null(tmp_path: Path) -> None:
-    args = resolve_trtllm_args(_settings(tmp_path, "cuda_graph_config: null\n"))
+    args = _resolve(_settings(tmp_path, "cuda_graph_config: null\n"))
     assert args["cuda_graph_config"] is None
 
 
 def test_unknown_yaml_key_names_file_and_key(tmp_path: Path) -> None:
     settings = _settings(tmp_path, "kv_cache_config:\n  free_gpu_mem: 0.5\n")
     with pytest.raises(EngineArgsError) as info:
-        resolve_trtllm_args(settings)
+        _resolve(settings)
     message = str(info.value)
     assert str(tmp_path / "engine.yaml") in message
     assert "kv_cache_config.free_gpu_mem: unknown key" in message
@@ -122,12 +128,12 @@ def test_unknown_yaml_key_names_file_and_key(tmp_path: Path) -> None:
 def test_wrong_type_names_source_key_and_reason(tmp_path: Path) -> None:
     settings = _settings(tmp_path, override_engine_args='{"max_batch_size": "many"}')
     with pytest.raises(EngineArgsError, match=r"--override-engine-args: max_batch_size: .*int"):
-        resolve_trtllm_args(settings)
+        _resolve(settings)
 
 
 def test_strict_types_reject_quoted_numbers(tmp_path: Path) -> None:
     with pytest.raises(EngineArgsError, match="tensor_parallel_size"):
-        resolve_trtllm_args(_settings(tmp_path, "tensor_parallel_size: '4'\n"))
+        _resolve(_settings(tmp_path, "tensor_parallel_size: '4'\n"))
 
 
 def test_invalid_yaml_reports_line(tmp_path: Path) -> None:
@@ -159,10 +165,10 @@ def test_invalid_override_json(text: str, reason: str) -> None:
 
 def test_speculative_config_union_is_strict(tmp_path: Path) -> None:
     good = "speculative_config:\n  decoding_type: MTP\n  num_nextn_predict_layers: 2\n"
-    assert resolve_trtllm_args(_settings(tmp_path, good))["speculative_config"]["decoding_type"]
+    assert _resolve(_settings(tmp_path, good))["speculative_config"]["decoding_type"]
     bad = "speculative_config:\n  decoding_type: MTP\n  max_draft: 2\n"
     with pytest.raises(EngineArgsError, match=r"speculative_config\.max_draft: unknown key"):
-        resolve_trtllm_args(_settings(tmp_path, bad))
+        _resolve(_settings(tmp_path, bad))
 
 
 def test_config_check_prints_merged_args(

@@ -12,6 +12,7 @@ from asgi_lifespan import LifespanManager
 
 from tests.conftest import wait_ready
 from trtllm_gateway.app.main import create_app
+from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
@@ -40,11 +41,15 @@ def _sibling() -> httpx.MockTransport:
     return httpx.MockTransport(handler)
 
 
+def _decode(settings: Settings) -> GatewayConfig:
+    return settings.model_copy(update={"mode": "decode", "prefill_url": ["http://p1"]}).parts()
+
+
 def _wrapped(settings: Settings, info: EngineInfo, tokenizer_dir: Path) -> RemotePrefillEngine:
     inner = EncodingFakeEngine(info, [5], tokenizer_dir=tokenizer_dir)
     inner.encoded = Counter(remote=2)
-    decode = settings.model_copy(update={"mode": "decode", "prefill_url": ["http://p1"]})
-    return RemotePrefillEngine(inner, decode, RemotePrefillStats(), transport=_sibling())
+    disagg = _decode(settings).disagg
+    return RemotePrefillEngine(inner, disagg, RemotePrefillStats(), transport=_sibling())
 
 
 def test_remote_prefill_engine_forwards_the_inner_extras(
@@ -62,7 +67,7 @@ async def test_lifespan_binds_remote_prefill_and_remote_encode_metrics(
     settings: Settings, engine_info: EngineInfo, tokenizer_dir: Path
 ) -> None:
     engine = _wrapped(settings, engine_info, tokenizer_dir)
-    app = create_app(engine.settings, engine=engine)
+    app = create_app(_decode(settings), engine=engine)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

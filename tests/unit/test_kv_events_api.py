@@ -45,7 +45,7 @@ async def events_client(
     settings: Settings, engine_info: EngineInfo, reply_ids: list[int], tokenizer_dir: Path
 ) -> AsyncIterator[tuple[httpx.AsyncClient, KvEventLog]]:
     engine = EventFakeEngine(engine_info, reply_ids, tokenizer_dir=tokenizer_dir)
-    app = create_app(settings, engine=engine)
+    app = create_app(settings.parts(), engine=engine)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(

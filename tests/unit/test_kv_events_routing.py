@@ -160,7 +160,7 @@ async def _engine(transport: httpx.MockTransport, **settings: object) -> RemoteP
     info = EngineInfo(
         model_id="m", max_model_len=4096, vocab_size=100, eos_token_ids=(), kv_layout="L"
     )
-    s = Settings(mode="decode", max_local_prefill_tokens=0, **settings)  # type: ignore[arg-type]
+    s = Settings(mode="decode", max_local_prefill_tokens=0, **settings).parts().disagg  # type: ignore[arg-type]
     engine = RemotePrefillEngine(
         FakeEngine(info, [5]), s, RemotePrefillStats(), transport=transport
     )

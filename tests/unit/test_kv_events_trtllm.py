@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 from tests.standin import ensure_on_path
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.capabilities import KvEventSource
 from trtllm_gateway.engine.kv_events.log import (
     AllBlocksCleared,
@@ -20,7 +19,7 @@ from trtllm_gateway.engine.trtllm.kv_events import TrtllmKvEvents
 
 ensure_on_path()
 
-from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
+from tests.configs import trtllm_engine  # noqa: E402
 
 BIG = 2**64 - 5  # an unsigned 64-bit hash above 2**63: -5 as signed
 
@@ -95,11 +94,9 @@ async def test_engine_publishes_converted_events(tmp_path: Path) -> None:
         "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1,
     }  # fmt: skip
     (model / "config.json").write_text(json.dumps(config))
-    off = TrtllmEngine(Settings(engine="trtllm", model=str(model)))
+    off = trtllm_engine(model=str(model))
     assert isinstance(off, KvEventSource) and not off.kv_event_log.enabled
-    engine = TrtllmEngine(
-        Settings(engine="trtllm", model=str(model), enable_kv_events=True, block_size=2)
-    )
+    engine = trtllm_engine(model=str(model), enable_kv_events=True, block_size=2)
     await engine.start()
     try:
         assert engine.kv_event_log.enabled

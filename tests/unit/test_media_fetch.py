@@ -14,7 +14,7 @@ from blake3 import blake3
 from PIL import Image
 
 from tests.unit.test_media_server import ImageServer, Route, png_bytes
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.media import MediaConfig
 from trtllm_gateway.multimodal import MediaCache, MediaError, MediaMetrics, load_chat_images
 
 PARAM = "messages[0].content[0].image_url"
@@ -32,13 +32,13 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-def settings(**overrides: object) -> Settings:
+def settings(**overrides: object) -> MediaConfig:
     base: dict[str, object] = {
         "allow_private_media_urls": True,
         "media_fetch_timeout": 2.0,
         "max_image_bytes": 100_000,
     }
-    return Settings(**{**base, **overrides})  # type: ignore[arg-type]
+    return MediaConfig(**{**base, **overrides})  # type: ignore[arg-type]
 
 
 def chat(url: str) -> list[dict[str, object]]:
@@ -48,7 +48,7 @@ def chat(url: str) -> list[dict[str, object]]:
 async def load(url: str, client: httpx.AsyncClient, **overrides: object) -> list[object]:
     return list(
         await load_chat_images(
-            chat(url), client=client, settings=settings(**overrides), cache=MediaCache(10**7)
+            chat(url), client=client, config=settings(**overrides), cache=MediaCache(10**7)
         )
     )
 
@@ -69,7 +69,7 @@ async def test_png_loads_as_rgb_with_blake3_hash(
     (image,) = await load_chat_images(
         chat(server.url("/a.png")),
         client=client,
-        settings=settings(),
+        config=settings(),
         cache=MediaCache(10**6),
         metrics=metrics,
     )

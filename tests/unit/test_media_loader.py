@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.unit.test_media_server import ImageServer, Route, png_bytes
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.media import MediaConfig
 from trtllm_gateway.multimodal import (
     IMAGE_NAMESPACE,
     MediaCache,
@@ -44,7 +44,7 @@ def image_part(url: str, *, string_form: bool = False) -> dict[str, object]:
     return {"type": "image_url", "image_url": {"url": url, "detail": "low"}}
 
 
-SETTINGS = Settings(allow_private_media_urls=True, media_fetch_timeout=5.0)
+SETTINGS = MediaConfig(allow_private_media_urls=True, media_fetch_timeout=5.0)
 
 
 def test_count_images() -> None:
@@ -74,7 +74,7 @@ async def test_no_images_touches_nothing() -> None:
         result = await load_chat_images(
             [{"role": "user", "content": "hi"}],
             client=client,
-            settings=SETTINGS,
+            config=SETTINGS,
             cache=MediaCache(0),
         )
     assert result == []
@@ -96,7 +96,7 @@ async def test_images_in_request_order_with_both_url_forms(
         {"role": "user", "content": [image_part(data_url(png_bytes(2, 2)))]},
     ]
     images = await load_chat_images(
-        messages, client=client, settings=SETTINGS, cache=MediaCache(10**6)
+        messages, client=client, config=SETTINGS, cache=MediaCache(10**6)
     )
     assert [img.payload.size for img in images] == [(1, 1), (9, 1), (2, 2)]  # type: ignore[attr-defined]
 
@@ -106,12 +106,12 @@ async def test_too_many_images_refused_before_fetching(
 ) -> None:
     server.routes["/a.png"] = Route(body=png_bytes())
     parts = [image_part(server.url("/a.png")) for _ in range(3)]
-    settings = Settings(allow_private_media_urls=True, max_images_per_request=2)
+    settings = MediaConfig(allow_private_media_urls=True, max_images_per_request=2)
     with pytest.raises(MediaError) as info:
         await load_chat_images(
             [{"role": "user", "content": parts}],
             client=client,
-            settings=settings,
+            config=settings,
             cache=MediaCache(0),
         )
     assert (info.value.status_code, info.value.code) == (400, "too_many_images")
@@ -134,7 +134,7 @@ async def test_malformed_parts_are_400_with_param(
 ) -> None:
     messages = [{"role": "user", "content": [{"type": "text", "text": "x"}, part]}]
     with pytest.raises(MediaError) as info:
-        await load_chat_images(messages, client=client, settings=SETTINGS, cache=MediaCache(0))
+        await load_chat_images(messages, client=client, config=SETTINGS, cache=MediaCache(0))
     assert info.value.status_code == 400
     assert info.value.param == "messages[0].content[1].image_url"
 
@@ -147,16 +147,16 @@ async def test_same_image_twice_hits_the_cache(
     cache, metrics = MediaCache(10**6), MediaMetrics()
     messages = [{"role": "user", "content": [image_part(server.url("/a.png"))]}]
     (first,) = await load_chat_images(
-        messages, client=client, settings=SETTINGS, cache=cache, metrics=metrics
+        messages, client=client, config=SETTINGS, cache=cache, metrics=metrics
     )
     (second,) = await load_chat_images(
-        messages, client=client, settings=SETTINGS, cache=cache, metrics=metrics
+        messages, client=client, config=SETTINGS, cache=cache, metrics=metrics
     )
     # Same bytes from another source share the entry too: the key is the content hash.
     (third,) = await load_chat_images(
         [{"role": "user", "content": [image_part(data_url(body))]}],
         client=client,
-        settings=SETTINGS,
+        config=SETTINGS,
         cache=cache,
         metrics=metrics,
     )
@@ -185,7 +185,7 @@ async def test_first_failing_image_names_the_param(
         await load_chat_images(
             [{"role": "user", "content": parts}],
             client=client,
-            settings=SETTINGS,
+            config=SETTINGS,
             cache=MediaCache(0),
             metrics=metrics,
         )
@@ -207,7 +207,7 @@ async def test_one_failure_cancels_the_slow_siblings(
         await load_chat_images(
             [{"role": "user", "content": parts}],
             client=client,
-            settings=SETTINGS,
+            config=SETTINGS,
             cache=MediaCache(0),
             metrics=metrics,
         )
@@ -225,7 +225,7 @@ async def test_cancelling_the_request_cancels_the_fetch(
         load_chat_images(
             [{"role": "user", "content": [image_part(server.url("/slow.png"))]}],
             client=client,
-            settings=SETTINGS,
+            config=SETTINGS,
             cache=MediaCache(0),
             metrics=metrics,
         )
@@ -242,7 +242,7 @@ async def test_media_error_attributes_for_the_gateway(client: httpx.AsyncClient)
         await load_chat_images(
             [{"role": "user", "content": [image_part("gopher://x/")]}],
             client=client,
-            settings=SETTINGS,
+            config=SETTINGS,
             cache=MediaCache(0),
         )
     err = info.value

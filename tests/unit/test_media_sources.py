@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.unit.test_media_server import png_bytes
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.media import MediaConfig
 from trtllm_gateway.multimodal import MediaCache, MediaError, MediaRejectedError, load_chat_images
 from trtllm_gateway.multimodal.dataurl import decode_data_url
 from trtllm_gateway.multimodal.localfile import read_local_file, resolve_local_path
@@ -91,7 +91,10 @@ def test_data_url_at_the_limit_ok() -> None:
 
 async def test_data_url_through_loader(client: httpx.AsyncClient) -> None:
     (image,) = await load_chat_images(
-        chat(data_url(png_bytes(6, 2))), client=client, settings=Settings(), cache=MediaCache(10**6)
+        chat(data_url(png_bytes(6, 2))),
+        client=client,
+        config=MediaConfig(),
+        cache=MediaCache(10**6),
     )
     assert image.payload.size == (6, 2)  # type: ignore[attr-defined]
 
@@ -107,7 +110,7 @@ async def test_data_url_through_loader(client: httpx.AsyncClient) -> None:
 async def test_bad_data_url_through_loader(url: str, code: str, client: httpx.AsyncClient) -> None:
     with pytest.raises(MediaError) as info:
         await load_chat_images(
-            chat(url), client=client, settings=Settings(max_image_bytes=2_000), cache=MediaCache(0)
+            chat(url), client=client, config=MediaConfig(max_image_bytes=2_000), cache=MediaCache(0)
         )
     assert (info.value.status_code, info.value.code) == (400, code)
     assert info.value.param == "messages[0].content[0].image_url"
@@ -192,15 +195,15 @@ def test_local_file_too_big(media: Path) -> None:
 
 
 async def test_local_files_through_loader(media: Path, client: httpx.AsyncClient) -> None:
-    settings = Settings(allowed_local_media_path=media)
+    settings = MediaConfig(allowed_local_media_path=media)
     (image,) = await load_chat_images(
-        chat(f"file://{media}/sub/cat.png"), client=client, settings=settings, cache=MediaCache(0)
+        chat(f"file://{media}/sub/cat.png"), client=client, config=settings, cache=MediaCache(0)
     )
     assert image.payload.size == (3, 3)  # type: ignore[attr-defined]
     (media / "escape.png").symlink_to(media.parent / "secret.png")
     for url in ("../secret.png", "escape.png", f"file://{media.parent}/secret.png"):
         with pytest.raises(MediaError) as info:
-            await load_chat_images(chat(url), client=client, settings=settings, cache=MediaCache(0))
+            await load_chat_images(chat(url), client=client, config=settings, cache=MediaCache(0))
         assert info.value.status_code == 400
 
 
@@ -209,7 +212,7 @@ async def test_local_files_disabled_by_default(media: Path, client: httpx.AsyncC
         await load_chat_images(
             chat(f"file://{media}/sub/cat.png"),
             client=client,
-            settings=Settings(),
+            config=MediaConfig(),
             cache=MediaCache(0),
         )
     assert info.value.status_code == 400

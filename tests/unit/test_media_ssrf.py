@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.unit.test_media_server import ImageServer, Route, png_bytes
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.media import MediaConfig
 from trtllm_gateway.multimodal import EgressPolicy, MediaCache, MediaError, load_chat_images
 from trtllm_gateway.multimodal.ssrf import (
     IPAddress,
@@ -147,12 +147,12 @@ REFUSED = [
 async def test_refused_with_400_and_nothing_fetched(
     template: str, server: ImageServer, client: httpx.AsyncClient
 ) -> None:
-    settings = Settings(allow_private_media_urls=False)
+    settings = MediaConfig(allow_private_media_urls=False)
     with pytest.raises(MediaError) as info:
         await load_chat_images(
             chat(template.format(port=server.port)),
             client=client,
-            settings=settings,
+            config=settings,
             cache=MediaCache(10**6),
         )
     assert info.value.status_code == 400
@@ -162,9 +162,9 @@ async def test_refused_with_400_and_nothing_fetched(
 
 
 async def test_allow_private_opts_out(server: ImageServer, client: httpx.AsyncClient) -> None:
-    settings = Settings(allow_private_media_urls=True)
+    settings = MediaConfig(allow_private_media_urls=True)
     images = await load_chat_images(
-        chat(server.url("/img.png")), client=client, settings=settings, cache=MediaCache(10**6)
+        chat(server.url("/img.png")), client=client, config=settings, cache=MediaCache(10**6)
     )
     assert len(images) == 1
     assert [seen.path for seen in server.requests] == ["/img.png"]
@@ -173,14 +173,14 @@ async def test_allow_private_opts_out(server: ImageServer, client: httpx.AsyncCl
 async def test_allow_private_still_refuses_bad_schemes_and_userinfo(
     server: ImageServer, client: httpx.AsyncClient
 ) -> None:
-    settings = Settings(allow_private_media_urls=True)
+    settings = MediaConfig(allow_private_media_urls=True)
     for url in (
         f"ftp://127.0.0.1:{server.port}/img.png",
         f"http://u:p@127.0.0.1:{server.port}/img.png",
     ):
         with pytest.raises(MediaError) as info:
             await load_chat_images(
-                chat(url), client=client, settings=settings, cache=MediaCache(10**6)
+                chat(url), client=client, config=settings, cache=MediaCache(10**6)
             )
         assert info.value.status_code == 400
     assert server.requests == []
@@ -215,7 +215,7 @@ async def test_redirect_to_private_refused_at_the_hop(
         await load_chat_images(
             chat(server.url("/redirect", host="img.example.com")),
             client=client,
-            settings=Settings(),
+            config=MediaConfig(),
             cache=MediaCache(10**6),
             policy=policy,
         )
@@ -234,7 +234,7 @@ async def test_redirect_to_public_followed_with_pinning(
     images = await load_chat_images(
         chat(server.url("/redirect", host="img.example.com")),
         client=client,
-        settings=Settings(),
+        config=MediaConfig(),
         cache=MediaCache(10**6),
         policy=policy,
     )
@@ -253,7 +253,7 @@ async def test_every_resolved_address_must_be_public(
         await load_chat_images(
             chat(server.url("/img.png", host="mixed.example.com")),
             client=client,
-            settings=Settings(),
+            config=MediaConfig(),
             cache=MediaCache(10**6),
             policy=policy,
         )
@@ -267,7 +267,7 @@ async def test_unresolvable_host_is_400(client: httpx.AsyncClient) -> None:
         await load_chat_images(
             chat("http://nowhere.invalid/img.png"),
             client=client,
-            settings=Settings(),
+            config=MediaConfig(),
             cache=MediaCache(0),
             policy=policy,
         )
@@ -275,11 +275,11 @@ async def test_unresolvable_host_is_400(client: httpx.AsyncClient) -> None:
 
 
 async def test_allowed_media_domains(server: ImageServer, client: httpx.AsyncClient) -> None:
-    settings = Settings(allow_private_media_urls=True, allowed_media_domains=["example.com"])
+    settings = MediaConfig(allow_private_media_urls=True, allowed_media_domains=["example.com"])
     resolve = fake_resolver({"img.example.com": ["127.0.0.1"], "example.org": ["127.0.0.1"]})
     policy = EgressPolicy(allowed_domains=("example.com",), allow_private=True, resolve=resolve)
     ok = await load_chat_images(
-        chat(server.url("/img.png", host="img.example.com")), client=client, settings=settings,
+        chat(server.url("/img.png", host="img.example.com")), client=client, config=settings,
         cache=MediaCache(0), policy=policy,
     )  # fmt: skip
     assert len(ok) == 1
@@ -288,7 +288,7 @@ async def test_allowed_media_domains(server: ImageServer, client: httpx.AsyncCli
             await load_chat_images(
                 chat(server.url("/img.png", host=host)),
                 client=client,
-                settings=settings,
+                config=settings,
                 cache=MediaCache(0),
             )
         assert info.value.status_code == 400
@@ -312,7 +312,7 @@ async def test_pinned_https_request_shape() -> None:
         cookies={"session": "x"},
     ) as client:
         images = await load_chat_images(
-            chat("https://cdn.example.com:8443/a.png?x=1"), client=client, settings=Settings(),
+            chat("https://cdn.example.com:8443/a.png?x=1"), client=client, config=MediaConfig(),
             cache=MediaCache(0), policy=policy,
         )  # fmt: skip
     assert len(images) == 1
@@ -340,7 +340,7 @@ async def test_local_file_outside_allowed_path_refused(
     allowed.mkdir()
     secret = tmp_path / "secret.png"
     secret.write_bytes(png_bytes())
-    settings = Settings(allowed_local_media_path=allowed)
+    settings = MediaConfig(allowed_local_media_path=allowed)
     for url in (
         f"file://{secret}",
         str(secret),
@@ -348,7 +348,7 @@ async def test_local_file_outside_allowed_path_refused(
         f"file://{allowed}/../secret.png",
     ):
         with pytest.raises(MediaError) as info:
-            await load_chat_images(chat(url), client=client, settings=settings, cache=MediaCache(0))
+            await load_chat_images(chat(url), client=client, config=settings, cache=MediaCache(0))
         assert info.value.status_code == 400, url
 
 
@@ -374,7 +374,7 @@ async def test_https_pinned_connection_verifies_the_name(tmp_path: Path) -> None
             policy = EgressPolicy(allow_private=True, resolve=resolve)
             url = f"https://img.test:{server.port}/img.png"
             images = await load_chat_images(
-                chat(url), client=client, settings=Settings(), cache=MediaCache(0), policy=policy
+                chat(url), client=client, config=MediaConfig(), cache=MediaCache(0), policy=policy
             )
             assert len(images) == 1
             assert sni_seen == ["img.test"]
@@ -384,7 +384,7 @@ async def test_https_pinned_connection_verifies_the_name(tmp_path: Path) -> None
                 await load_chat_images(
                     chat(other),
                     client=client,
-                    settings=Settings(),
+                    config=MediaConfig(),
                     cache=MediaCache(0),
                     policy=policy,
                 )

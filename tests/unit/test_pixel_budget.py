@@ -12,7 +12,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.media import MediaConfig
 from trtllm_gateway.multimodal import (
     MediaBusyError,
     MediaCache,
@@ -79,8 +79,8 @@ async def test_a_wait_past_its_limit_is_a_503_and_leaks_nothing() -> None:
 async def test_zero_is_unbounded_and_the_default_is_two_largest_images() -> None:
     budget = PixelBudget(0)
     await budget.lease().acquire(10**12, 0.01)
-    assert create_pixel_budget(Settings(max_image_pixels=1000)).capacity == 2000
-    assert create_pixel_budget(Settings(max_image_pixels_in_flight=5)).capacity == 5
+    assert create_pixel_budget(MediaConfig(max_image_pixels=1000)).capacity == 2000
+    assert create_pixel_budget(MediaConfig(max_image_pixels_in_flight=5)).capacity == 5
 
 
 def bomb(side: int, seed: int) -> str:
@@ -99,7 +99,7 @@ def message(*urls: str) -> list[dict[str, object]]:
 
 async def test_concurrent_bombs_never_hold_more_than_the_budget() -> None:
     side = 1500  # 2.25 MP each; two fit in the budget at once
-    settings = Settings(max_image_pixels=side * side, media_fetch_timeout=30.0)
+    config = MediaConfig(max_image_pixels=side * side, media_fetch_timeout=30.0)
     budget = PixelBudget(2 * side * side)
     assert len(bomb(side, 1)) < 4000
     seen: list[int] = []
@@ -111,7 +111,7 @@ async def test_concurrent_bombs_never_hold_more_than_the_budget() -> None:
             images = await load_chat_images(
                 message(bomb(side, seed)),
                 client=client,
-                settings=settings,
+                config=config,
                 cache=MediaCache(0),
                 metrics=metrics,
                 pixels=lease,
@@ -132,14 +132,14 @@ async def test_concurrent_bombs_never_hold_more_than_the_budget() -> None:
 
 
 async def test_a_request_over_the_whole_budget_is_a_400_before_decoding() -> None:
-    settings = Settings(max_image_pixels=1000 * 1000)
+    config = MediaConfig(max_image_pixels=1000 * 1000)
     budget = PixelBudget(1500 * 1000)
     metrics = MediaMetrics()
     with pytest.raises(MediaRejectedError) as info:
         await load_chat_images(
             message(bomb(1000, 1), bomb(1000, 2)),
             client=httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(500))),
-            settings=settings,
+            config=config,
             cache=MediaCache(0),
             metrics=metrics,
             pixels=budget.lease(),

@@ -66,7 +66,7 @@ async def run(
     transport: httpx.MockTransport, pause: float = 0.0, **settings: Any
 ) -> tuple[list[Any], RemotePrefillStats]:
     stats = RemotePrefillStats()
-    s = Settings(mode="decode", prefill_url=["http://p1"], **settings)
+    s = Settings(mode="decode", prefill_url=["http://p1"], **settings).parts().disagg
     engine = RemotePrefillEngine(FakeEngine(INFO, [5, 6]), s, stats, transport=transport)
     await engine.start()
     await asyncio.sleep(pause)  # let a sibling's backoff run out

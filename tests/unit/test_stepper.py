@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
 from trtllm_gateway.engine.builtin.outcomes import Emitted
 from trtllm_gateway.engine.builtin.overlap import OverlapPipeline
@@ -60,8 +60,7 @@ def tiny_model(tmp_path: Path, device: str = "cpu", **overrides: object) -> Load
         "cuda_graphs": False,
         "enable_prefix_caching": False,
     }
-    settings = Settings(**(base | overrides))  # type: ignore[arg-type]
-    return load(settings)
+    return load(EngineConfig(**(base | overrides)))  # type: ignore[arg-type]
 
 
 class HostResolvingRunner:

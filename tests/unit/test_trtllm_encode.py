@@ -18,6 +18,12 @@ import pytest
 import torch
 from asgi_lifespan import LifespanManager
 
+from tests.configs import (
+    trtllm_encode_engine,
+    trtllm_encode_engine_of,
+    trtllm_engine,
+    trtllm_engine_of,
+)
 from tests.conftest import wait_ready
 from tests.engine.tiny_llava import IMAGE_TOKEN, build_tiny_llava, sample_images
 from tests.standin import ensure_on_path
@@ -32,7 +38,6 @@ ensure_on_path()
 
 from tensorrt_llm import _scripted  # noqa: E402
 
-from trtllm_gateway.engine.trtllm.encode import TrtllmEncodeEngine  # noqa: E402
 from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
 
 LAYOUT = "trtllm:llava:hidden=64"
@@ -45,10 +50,10 @@ def llava_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def encode_app(llava_dir: Path) -> AsyncIterator[httpx.ASGITransport]:
-    settings = Settings(
+    config = Settings(
         engine="trtllm", model=str(llava_dir), mode="encode", internal_api_key="int-key"
-    )
-    app = create_app(settings, engine=TrtllmEncodeEngine(settings))
+    ).parts()
+    app = create_app(config, engine=trtllm_encode_engine_of(config))
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://e") as client:
@@ -61,7 +66,7 @@ def _image(i: int) -> ImageInput:
 
 
 async def test_encode_instance_answers_with_the_encoders_embeddings(llava_dir: Path) -> None:
-    engine = TrtllmEncodeEngine(Settings(engine="trtllm", model=str(llava_dir), mode="encode"))
+    engine = trtllm_encode_engine(engine="trtllm", model=str(llava_dir), mode="encode")
     await engine.start()
     try:
         images = [_image(0), _image(1)]
@@ -94,14 +99,12 @@ async def test_aggregated_instance_feeds_the_siblings_embeddings(
 ) -> None:
     """The images go to the encode sibling; its embeddings reach generate_async as
     multi_modal_embeddings, and the answer equals encoding locally."""
-    local = TrtllmEngine(Settings(engine="trtllm", model=str(llava_dir)))
-    remote = TrtllmEngine(
-        Settings(
-            engine="trtllm",
-            model=str(llava_dir),
-            encode_url=["http://e"],
-            internal_api_key="int-key",
-        )
+    local = trtllm_engine(engine="trtllm", model=str(llava_dir))
+    remote = trtllm_engine(
+        engine="trtllm",
+        model=str(llava_dir),
+        encode_url=["http://e"],
+        internal_api_key="int-key",
     )
     await local.start()
     await remote.start()
@@ -125,7 +128,7 @@ async def test_aggregated_instance_feeds_the_siblings_embeddings(
 
 
 async def test_a_failed_encode_sibling_means_encoding_here(llava_dir: Path) -> None:
-    engine = TrtllmEngine(Settings(engine="trtllm", model=str(llava_dir), encode_url=["http://e"]))
+    engine = trtllm_engine(engine="trtllm", model=str(llava_dir), encode_url=["http://e"])
     await engine.start()
     assert engine._remote_encode is not None
     down = httpx.MockTransport(lambda _: httpx.Response(503, text="draining"))
@@ -150,7 +153,7 @@ async def test_image_embeds_parts_answer_as_their_image(llava_dir: Path, tmp_pat
     file outside --allowed-local-media-path and a non-embedding are 400s naming the part."""
     import io
 
-    encoder = TrtllmEncodeEngine(Settings(engine="trtllm", model=str(llava_dir), mode="encode"))
+    encoder = trtllm_encode_engine(engine="trtllm", model=str(llava_dir), mode="encode")
     await encoder.start()
     image = sample_images()[1]
     (file_bytes,) = await encoder.encode_images(b"".join(pixel_frames([ImageInput("x", image)])))
@@ -162,13 +165,13 @@ async def test_image_embeds_parts_answer_as_their_image(llava_dir: Path, tmp_pat
     png = io.BytesIO()
     image.save(png, format="PNG")
 
-    settings = Settings(
+    config = Settings(
         engine="trtllm",
         model=str(llava_dir),
         served_model_name="llava",
         allowed_local_media_path=media,
-    )
-    app = create_app(settings, engine=TrtllmEngine(settings))
+    ).parts()
+    app = create_app(config, engine=trtllm_engine_of(config))
 
     def chat(part: dict[str, object]) -> dict[str, object]:
         content = [part, {"type": "text", "text": "describe the picture"}]

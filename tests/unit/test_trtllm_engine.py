@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.configs import resolve_args, trtllm_engine
 from tests.standin import ensure_on_path
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     DisaggParams,
@@ -57,7 +57,7 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 async def _engine(model_dir: Path, **kw: Any) -> TrtllmEngine:
-    engine = TrtllmEngine(Settings(engine="trtllm", model=str(model_dir), **kw))
+    engine = trtllm_engine(engine="trtllm", model=str(model_dir), **kw)
     await engine.start()
     return engine
 
@@ -326,12 +326,12 @@ async def test_aggregated_instance_refuses_prefill(engine: TrtllmEngine) -> None
 
 def test_encode_instance_asking_an_encode_sibling_is_refused(model_dir: Path) -> None:
     """--encode-url is for prefill and aggregated instances (EPD: engine.trtllm.encode)."""
+    from trtllm_gateway.config.disagg import encode_siblings
     from trtllm_gateway.engine.trtllm.loader import TrtllmUnsupportedError, refuse_unsupported
 
+    config = resolve_args("--engine", "trtllm", "--mode", "encode", "--encode-url", "http://e")
     with pytest.raises(TrtllmUnsupportedError, match="--encode-url"):
-        refuse_unsupported(
-            Settings(engine="trtllm", model=str(model_dir), mode="encode", encode_url=["http://e"])
-        )
+        refuse_unsupported(config.engine, encode_siblings(config.disagg))
 
 
 async def test_autodeploy_backend_prunes_args(

@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.configs import trtllm_args, trtllm_engine
 from tests.standin import ensure_on_path
 from tests.unit.test_trtllm_engine import _collect, _engine, _ids, _req, model_dir
-from trtllm_gateway.config.engine_args import resolve_trtllm_args
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.protocol import DisaggParams, GenerateRequest, InvalidRequestError
 
 ensure_on_path()
 
-from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
 from trtllm_gateway.engine.trtllm.stats import StatsPoller  # noqa: E402
 
 __all__ = ["model_dir"]  # the fixture, re-used
@@ -80,14 +78,12 @@ async def test_multi_eos_model_stops_at_end_of_turn(tmp_path: Path) -> None:
 def test_only_given_flags_reach_max_num_tokens_and_chunking(tmp_path: Path) -> None:
     """Real: TorchLlmArgs' own max_num_tokens default is 8192 (llm_args.py); the built-in
     engine's 2048 must not be sent unless the user gave --max-num-tokens."""
-    args = resolve_trtllm_args(Settings(engine="trtllm", model=str(tmp_path)))
+    args = trtllm_args(engine="trtllm", model=str(tmp_path))
     assert "max_num_tokens" not in args
     assert "enable_chunked_prefill" not in args
-    given = Settings(
-        engine="trtllm", model=str(tmp_path), max_num_tokens=4096, enable_chunked_prefill=True
-    )
-    assert resolve_trtllm_args(given)["max_num_tokens"] == 4096
-    assert resolve_trtllm_args(given)["enable_chunked_prefill"] is True
+    given = trtllm_args(model=str(tmp_path), max_num_tokens=4096, enable_chunked_prefill=True)
+    assert given["max_num_tokens"] == 4096
+    assert given["enable_chunked_prefill"] is True
 
 
 async def test_long_prompt_runs_with_trtllm_defaults(tmp_path: Path) -> None:
@@ -229,7 +225,7 @@ async def test_zero_logprobs_still_returns_the_chosen_token(model_dir: Path) -> 
 def test_disagg_modes_bound_the_kv_transfer(tmp_path: Path, mode: str) -> None:
     """Real: without kv_transfer_timeout_ms a context request's blocks stay allocated until a
     generation request fetches them (CacheTransceiverConfig, llm_args.py)."""
-    args = resolve_trtllm_args(Settings(engine="trtllm", model=str(tmp_path), mode=mode))
+    args = trtllm_args(engine="trtllm", model=str(tmp_path), mode=mode)
     assert args["cache_transceiver_config"]["kv_transfer_timeout_ms"] > 0
 
 
@@ -346,11 +342,8 @@ def test_kv_events_need_the_pytorch_backend(tmp_path: Path) -> None:
     does not publish them (TorchLlmArgs vs AutoDeploy's LlmArgs)."""
     from trtllm_gateway.config.engine_args import EngineArgsError
 
-    settings = Settings(
-        engine="trtllm", model=str(tmp_path), trtllm_backend="autodeploy", enable_kv_events=True
-    )
     with pytest.raises(EngineArgsError, match="--enable-kv-events"):
-        resolve_trtllm_args(settings)
+        trtllm_args(model=str(tmp_path), trtllm_backend="autodeploy", enable_kv_events=True)
 
 
 # -- 12. no TensorRT-LLM ---------------------------------------------------------------------
@@ -431,10 +424,8 @@ async def test_start_up_validates_with_torch_llm_args(
     from trtllm_gateway.config.engine_args import EngineArgsError
 
     with pytest.raises(EngineArgsError, match=r"max_batch_size.*integer"):
-        TrtllmEngine(
-            Settings(
-                engine="trtllm",
-                model=str(model_dir),
-                override_engine_args='{"max_batch_size": "x"}',
-            )
+        trtllm_engine(
+            engine="trtllm",
+            model=str(model_dir),
+            override_engine_args='{"max_batch_size": "x"}',
         )

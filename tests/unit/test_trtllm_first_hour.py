@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.configs import trtllm_engine_of
 from tests.standin import ensure_on_path
 from tests.unit.test_trtllm_engine import _collect, _engine, _ids, _req, model_dir
 from tests.upstream.dynamo_zmq_wire import decode_batch
@@ -118,18 +119,16 @@ async def test_decode_instance_prefills_logprob_requests_locally(model_dir: Path
             raise AssertionError("a logprobs request must not be sent to a sibling")
         return httpx.Response(503)
 
-    settings = Settings(
+    config = Settings(
         engine="trtllm",
         model=str(model_dir),
         mode="decode",
         prefill_url=["http://p1"],
         max_local_prefill_tokens=0,
-    )
-    from trtllm_gateway.engine.trtllm.engine import TrtllmEngine
-
+    ).parts()
     stats = RemotePrefillStats()
     engine = RemotePrefillEngine(
-        TrtllmEngine(settings), settings, stats, transport=httpx.MockTransport(sibling)
+        trtllm_engine_of(config), config.disagg, stats, transport=httpx.MockTransport(sibling)
     )
     await engine.start()
     try:

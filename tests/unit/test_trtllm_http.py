@@ -18,6 +18,7 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
+from tests.configs import trtllm_engine_of
 from tests.conftest import wait_ready
 from tests.standin import ensure_on_path
 from trtllm_gateway.app.main import create_app
@@ -25,7 +26,6 @@ from trtllm_gateway.config.settings import Settings
 
 ensure_on_path()
 
-from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
 
 MODEL = "tiny-trtllm"
 
@@ -46,8 +46,8 @@ def model_dir(tokenizer_dir: Path, tmp_path: Path) -> Path:
 
 
 async def _client(model_dir: Path, **flags: Any) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(engine="trtllm", model=str(model_dir), served_model_name=MODEL, **flags)
-    app = create_app(settings, engine=TrtllmEngine(settings))
+    config = Settings(engine="trtllm", model=str(model_dir), served_model_name=MODEL, **flags)
+    app = create_app(config.parts(), engine=trtllm_engine_of(config.parts()))
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

@@ -110,7 +110,8 @@ def test_engine_module_imports_without_tensorrt_llm(monkeypatch: pytest.MonkeyPa
     import importlib
 
     module = importlib.import_module("trtllm_gateway.engine.trtllm.engine")
-    from trtllm_gateway.config.settings import Settings
+    from trtllm_gateway.config.engine import EngineConfig
+    from trtllm_gateway.config.trtllm import TrtllmConfig
 
     with pytest.raises(TrtllmNotInstalledError):
-        module.TrtllmEngine(Settings(engine="trtllm", model="/m"))
+        module.TrtllmEngine(EngineConfig(engine="trtllm", model="/m"), TrtllmConfig())

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.configs import trtllm_engine
 from tests.engine.tiny_llava import IMAGE_TOKEN, build_tiny_llava, sample_images
 from tests.standin import ensure_on_path
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, SamplingParams
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
@@ -26,7 +26,7 @@ def llava_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def engine(llava_dir: Path) -> AsyncIterator[TrtllmEngine]:
-    eng = TrtllmEngine(Settings(engine="trtllm", model=str(llava_dir)))
+    eng = trtllm_engine(engine="trtllm", model=str(llava_dir))
     await eng.start()
     yield eng
     await eng.stop()

@@ -20,16 +20,16 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_gateway.app.errors import error_body
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.server import ServerConfig
 
 INTERNAL_PREFIX = "/internal/"
 
 
-def load_api_keys(settings: Settings) -> list[str]:
+def load_api_keys(server: ServerConfig) -> list[str]:
     """--api-key values plus --api-key-file lines (blank lines and '#' comments skipped)."""
-    keys = [k.get_secret_value() for k in settings.api_key]
-    if settings.api_key_file is not None:
-        for line in settings.api_key_file.read_text().splitlines():
+    keys = [k.get_secret_value() for k in server.api_key]
+    if server.api_key_file is not None:
+        for line in server.api_key_file.read_text().splitlines():
             line = line.strip()
             if line and not line.startswith("#"):
                 keys.append(line)

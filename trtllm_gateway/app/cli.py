@@ -31,26 +31,27 @@ def serve(argv: list[str]) -> int:
     from trtllm_gateway.engine.protocol import EngineError
 
     try:
-        settings = Settings(_cli_parse_args=argv)
+        config = Settings(_cli_parse_args=argv).parts()  # the one place flags become configs
     except ValidationError as exc:
         sys.stderr.write(f"trtllm-gateway serve: invalid settings\n{exc}\n")
         return 2
-    configure_logging(settings.log_level, settings.log_format)
+    server = config.server
+    configure_logging(server.log_level, server.log_format)
     try:
-        preflight(settings)  # e.g. --engine trtllm without TensorRT-LLM: one line, no traceback
+        preflight(config)  # e.g. --engine trtllm without TensorRT-LLM: one line, no traceback
     except (EngineError, ValueError) as exc:
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 1
     try:
-        app = create_app(settings)
+        app = create_app(config)
     except (OSError, ValueError) as exc:  # an unreadable --api-key-file, a bad OTLP endpoint
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 2
-    config = uvicorn.Config(
+    uvicorn_config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
+        host=server.host,
+        port=server.port,
+        log_level=server.log_level,
         log_config=None,  # uvicorn's loggers go through ours (request_id, json)
         access_log=False,  # RequestContextMiddleware logs one line per request
         # The drain already waited --shutdown-timeout; this only bounds closing what is left.
@@ -58,9 +59,9 @@ def serve(argv: list[str]) -> int:
         # h11 bounds the header block it buffers (httptools parses any size: a 128 MB header
         # took 39 s before auth ran); vLLM bounds it the same way.
         http="h11",
-        h11_max_incomplete_event_size=settings.max_header_bytes,
+        h11_max_incomplete_event_size=server.max_header_bytes,
     )
-    GatewayServer(config, app.state.drain, settings.startup_timeout).run()
+    GatewayServer(uvicorn_config, app.state.drain, server.startup_timeout).run()
     return 0
 
 

@@ -11,8 +11,8 @@ from trtllm_gateway.app.admission import Admission
 from trtllm_gateway.app.errors import BadRequestError, ServiceUnavailableError
 from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.state import State
-from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.protocol import Engine, EngineBase, EngineInfo
+from trtllm_gateway.config.serving import ServingConfig
+from trtllm_gateway.engine.protocol import Engine, EngineBase, EngineInfo, Mode
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
 _NOT_READY = {
@@ -30,11 +30,11 @@ def get_state(request: Request) -> State:
 StateDep = Annotated[State, Depends(get_state)]
 
 
-def get_settings(state: StateDep) -> Settings:
-    return state.settings
+def get_serving_config(state: StateDep) -> ServingConfig:
+    return state.config.serving
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+ServingConfigDep = Annotated[ServingConfig, Depends(get_serving_config)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,8 @@ class Serving:
     info: EngineInfo
     tokenizer: Tokenizer
     metrics: GatewayMetrics
-    settings: Settings
+    config: ServingConfig  # the OpenAI layer's part of the configuration
+    mode: Mode
     model_name: str
     admission: Admission
 
@@ -75,7 +76,8 @@ def get_serving(state: StateDep, engine: ReadyEngineDep) -> Serving:
         info=engine.info,
         tokenizer=state.tokenizer,
         metrics=state.metrics,
-        settings=state.settings,
+        config=state.config.serving,
+        mode=state.config.mode,
         model_name=state.model_name,
         admission=state.admission,
     )

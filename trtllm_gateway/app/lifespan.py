@@ -20,7 +20,8 @@ from trtllm_gateway.app.drain import Drain
 from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.state import State
 from trtllm_gateway.app.tracing import Tracer
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.engine import EngineConfig
+from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.engine.capabilities import EngineExtras, KvEventSource
 from trtllm_gateway.engine.factory import create_engine
 from trtllm_gateway.engine.kv_events.zmq_publisher import ZmqKvPublisher
@@ -31,21 +32,21 @@ from trtllm_gateway.multimodal import MediaCache
 logger = logging.getLogger(__name__)
 
 
-def tokenizer_dir(settings: Settings, extras: EngineExtras) -> Path:
+def tokenizer_dir(engine: EngineConfig, extras: EngineExtras) -> Path:
     """--tokenizer, else the directory the engine resolved, else --model when it is a directory."""
-    if settings.tokenizer:
-        return Path(settings.tokenizer)
+    if engine.tokenizer:
+        return Path(engine.tokenizer)
     if extras.tokenizer_dir is not None:
         return extras.tokenizer_dir
-    if Path(settings.model).is_dir():
-        return Path(settings.model)
-    raise RuntimeError(f"no tokenizer directory for model {settings.model!r}; pass --tokenizer")
+    if Path(engine.model).is_dir():
+        return Path(engine.model)
+    raise RuntimeError(f"no tokenizer directory for model {engine.model!r}; pass --tokenizer")
 
 
 async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
     try:
         await state.engine.start()
-        s = state.settings
+        s = state.config.disagg
         if s.kv_events_zmq and isinstance(state.engine, KvEventSource):
             pub = ZmqKvPublisher(
                 state.engine.kv_event_log,
@@ -53,7 +54,7 @@ async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
                 s.kv_events_format,
                 topic=s.kv_events_topic,
                 replay=s.kv_events_replay,
-                rank=s.data_parallel_rank,
+                rank=state.config.engine.data_parallel_rank,
             )
             publishers.append(pub)
             logger.info("KV events on ZMQ %s (%s format)", pub.address, s.kv_events_format)
@@ -62,9 +63,9 @@ async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
             logger.info("admission sized for the engine's max_batch_size %d", batch)
             state.admission.set_running_limit(batch)
         extras = state.engine.extras  # complete now that start() returned
-        path = tokenizer_dir(state.settings, extras)
+        path = tokenizer_dir(state.config.engine, extras)
         state.tokenizer = await asyncio.to_thread(
-            Tokenizer.from_dir, path, state.settings.chat_template
+            Tokenizer.from_dir, path, state.config.serving.chat_template
         )
         state.tokenizer_path = str(path.resolve())
         _bind_metrics(state, extras)
@@ -85,7 +86,7 @@ def _bind_metrics(state: State, extras: EngineExtras) -> None:
 
 
 def create_lifespan(
-    settings: Settings,
+    config: GatewayConfig,
     engine: EngineBase | None,
     metrics: GatewayMetrics,
     drain: Drain,
@@ -93,14 +94,14 @@ def create_lifespan(
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, State]]]:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, State]]:
-        eng = engine if engine is not None else create_engine(settings)
+        eng = engine if engine is not None else create_engine(config)
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
             state = State(
-                settings=settings,
+                config=config,
                 engine=eng,
                 metrics=metrics,
                 http=http,
-                media_cache=MediaCache(settings.media_cache_bytes),
+                media_cache=MediaCache(config.media.media_cache_bytes),
             )
             drain.bind(state)
             publishers: list[ZmqKvPublisher] = []  # --kv-events-zmq

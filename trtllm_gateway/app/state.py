@@ -9,7 +9,7 @@ import httpx
 
 from trtllm_gateway.app.admission import Admission
 from trtllm_gateway.app.metrics import GatewayMetrics
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.engine.protocol import EngineBase, EngineHealth
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache
@@ -17,7 +17,7 @@ from trtllm_gateway.multimodal import MediaCache
 
 @dataclass
 class State:
-    settings: Settings
+    config: GatewayConfig
     engine: EngineBase
     metrics: GatewayMetrics
     http: httpx.AsyncClient
@@ -45,12 +45,12 @@ class State:
     @property
     def model_name(self) -> str:
         """The served name: --served-model-name, else the engine's model id once it is known."""
-        if self.settings.served_model_name:
-            return self.settings.served_model_name
+        if self.config.engine.served_model_name:
+            return self.config.engine.served_model_name
         if self._model_name is None:
             info = getattr(self.engine, "info", None)
             if info is None:
-                return self.settings.model
+                return self.config.engine.model
             self._model_name = info.model_id
         return self._model_name
 

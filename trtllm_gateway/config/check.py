@@ -2,8 +2,8 @@
 
 check: validates each engine-args YAML against the TensorRT-LLM 1.2 schema, layered over the
 built-in defaults and the default flags exactly as serve would, and prints the merged args.
-show: builds Settings from the same flags serve takes and prints what the chosen engine gets:
-the final merged LLM args for `--engine trtllm`, the built-in engine's settings otherwise.
+show: builds the configs from the same flags serve takes and prints what the chosen engine gets:
+the final merged LLM args for `--engine trtllm`, the whole EngineConfig otherwise.
 Both print errors as one line on stderr and return 1 (2 for bad usage); never a traceback.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.config.engine_args import (
     EngineArgsError,
     load_engine_args_file,
@@ -24,6 +25,7 @@ from trtllm_gateway.config.engine_args import (
     trtllm_layers,
 )
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.trtllm import TrtllmConfig
 
 CHECK_USAGE = "usage: trtllm-gateway config check FILE.yaml [FILE.yaml ...]"
 
@@ -46,31 +48,26 @@ def main_check(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-# The Settings fields the built-in engine reads (engine/builtin/config.py, its loader, KV cache
-# and scheduler); `config show` prints them for --engine builtin.
-BUILTIN_FIELDS = (
-    "model", "served_model_name", "tokenizer", "load_format", "cache_dir", "mode", "device",
-    "dtype", "max_model_len", "max_batch_size", "max_num_tokens", "block_size", "num_kv_blocks",
-    "kv_cache_fraction", "enable_prefix_caching", "cuda_graphs", "stream_interval",
-    "quantization", "packed_weights", "seed", "engine_process",
-)  # fmt: skip
+# What `config show` prints for --engine builtin (and fake): the whole EngineConfig, the part
+# the built-in engine core receives.
+BUILTIN_FIELDS = tuple(EngineConfig.model_fields)
 
 
 def main_show(argv: list[str]) -> int:
     """Print, as YAML, what `serve <argv>` would hand its engine: the final LLM args for
     --engine trtllm, the built-in (or fake) engine's settings otherwise."""
     try:
-        settings = Settings(_cli_parse_args=argv, _cli_exit_on_error=False)
+        config = Settings(_cli_parse_args=argv, _cli_exit_on_error=False).parts()
     except (ValidationError, SystemExit, ValueError) as exc:
         _err(f"error: {_first_line(exc)}")
         return 2
-    if settings.engine != "trtllm":
-        shown = settings.model_dump(mode="json", include=set(BUILTIN_FIELDS))
-        _out(f"# --engine {settings.engine}\n")
-        _out(dump_args(shown))
+    engine = config.engine
+    if engine.engine != "trtllm":
+        _out(f"# --engine {engine.engine}\n")
+        _out(dump_args(engine.model_dump(mode="json")))
         return 0
     try:
-        merged = resolve_trtllm_args(settings)
+        merged = resolve_trtllm_args(engine, config.trtllm)
     except EngineArgsError as exc:
         _err(f"error: {exc}")
         return 1
@@ -80,7 +77,7 @@ def main_show(argv: list[str]) -> int:
 
 def check_file(path: Path) -> dict[str, Any]:
     """The file layered over defaults and default flags; EngineArgsError if anything is wrong."""
-    base = trtllm_layers(Settings(engine="trtllm"))
+    base = trtllm_layers(EngineConfig(engine="trtllm"), TrtllmConfig())
     return merge_and_validate([*base, (str(path), load_engine_args_file(path))])
 
 

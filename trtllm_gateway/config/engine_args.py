@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from trtllm_gateway.config.settings import DEFAULT_MODEL, Settings, lora_module
+from trtllm_gateway.config.engine import DEFAULT_MODEL, EngineConfig
+from trtllm_gateway.config.trtllm import TrtllmConfig, lora_module
 from trtllm_gateway.config.trtllm_schema import trtllm_args_errors
 
 Layer = tuple[str, dict[str, Any]]  # (source name for error messages, args)
@@ -83,7 +84,7 @@ def parse_override(text: str) -> dict[str, Any]:
     return data
 
 
-def trtllm_default_args(settings: Settings) -> dict[str, Any]:
+def trtllm_default_args(engine: EngineConfig, trtllm: TrtllmConfig) -> dict[str, Any]:
     """The built-in layer: what the gateway always wants from TensorRT-LLM unless told otherwise."""
     args: dict[str, Any] = {
         # No dynamic_batch_config: only the TensorRT backend uses it (the PyTorch one ignores it).
@@ -91,87 +92,91 @@ def trtllm_default_args(settings: Settings) -> dict[str, Any]:
         # get_stats_async yields nothing without it; /metrics needs the gauges.
         "enable_iter_perf_stats": True,
     }
-    if settings.mode in ("prefill", "decode"):
+    if engine.mode in ("prefill", "decode"):
         args["cache_transceiver_config"] = {
-            "backend": settings.cache_transceiver_backend,
+            "backend": trtllm.cache_transceiver_backend,
             # Without it a context request whose KV no decode fetches holds its blocks forever.
-            "kv_transfer_timeout_ms": int(settings.kv_handoff_timeout * 1000),
+            "kv_transfer_timeout_ms": int(engine.kv_handoff_timeout * 1000),
         }
     return args
 
 
-def trtllm_cli_args(settings: Settings) -> dict[str, Any]:
-    """The flags layer: Settings fields mapped onto TensorRT-LLM LLM arg names."""
+def trtllm_cli_args(engine: EngineConfig, trtllm: TrtllmConfig) -> dict[str, Any]:
+    """The flags layer: the engine and TensorRT-LLM flags mapped onto LLM arg names."""
     kv_cache: dict[str, Any] = {
-        "free_gpu_memory_fraction": settings.kv_cache_fraction,
-        "enable_block_reuse": settings.enable_prefix_caching,
+        "free_gpu_memory_fraction": engine.kv_cache_fraction,
+        "enable_block_reuse": engine.enable_prefix_caching,
     }
-    if "block_size" in settings.model_fields_set:
-        kv_cache["tokens_per_block"] = settings.block_size
-    if settings.enable_kv_events:
+    if "block_size" in engine.model_fields_set:
+        kv_cache["tokens_per_block"] = engine.block_size
+    if trtllm.enable_kv_events:
         kv_cache["event_buffer_max_size"] = 1024
         kv_cache["enable_block_reuse"] = True  # KV events need block reuse
-    if settings.enable_kv_events and settings.trtllm_backend != "pytorch":
+    if trtllm.enable_kv_events and trtllm.trtllm_backend != "pytorch":
         raise EngineArgsError(
             "--enable-kv-events: KV cache events need --trtllm-backend pytorch "
-            f"(the {settings.trtllm_backend} backend publishes none)"
+            f"(the {trtllm.trtllm_backend} backend publishes none)"
         )
     args: dict[str, Any] = {
-        "backend": settings.trtllm_backend,
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "pipeline_parallel_size": settings.pipeline_parallel_size,
-        "enable_attention_dp": settings.enable_attention_dp,
-        "max_beam_width": settings.max_beam_width,
-        "trust_remote_code": settings.trust_remote_code,
-        "dtype": settings.dtype,
-        "load_format": settings.load_format,
+        "backend": trtllm.trtllm_backend,
+        "tensor_parallel_size": trtllm.tensor_parallel_size,
+        "pipeline_parallel_size": trtllm.pipeline_parallel_size,
+        "enable_attention_dp": trtllm.enable_attention_dp,
+        "max_beam_width": trtllm.max_beam_width,
+        "trust_remote_code": trtllm.trust_remote_code,
+        "dtype": engine.dtype,
+        "load_format": engine.load_format,
         "kv_cache_config": kv_cache,
-        "disable_overlap_scheduler": settings.disable_overlap_scheduler,
+        "disable_overlap_scheduler": trtllm.disable_overlap_scheduler,
     }
     # The built-in engine's own defaults (2048 tokens a step, no chunking, 64 requests) would
     # cap TensorRT-LLM's (8192, 2048 requests) silently. Send them only if given.
-    for name in ("max_num_tokens", "enable_chunked_prefill", "max_batch_size"):
-        if name in settings.model_fields_set:
-            args[name] = getattr(settings, name)
-    if "stream_interval" in settings.model_fields_set:
-        args["stream_interval"] = settings.stream_interval
-    if settings.model != DEFAULT_MODEL:
-        args["model"] = settings.model
-    if settings.tokenizer is not None:
-        args["tokenizer"] = settings.tokenizer
-    if settings.moe_expert_parallel_size is not None:
-        args["moe_expert_parallel_size"] = settings.moe_expert_parallel_size
-    if settings.max_model_len is not None:
-        args["max_seq_len"] = settings.max_model_len
-    if not settings.cuda_graphs:
+    for part, name in (
+        (engine, "max_num_tokens"),
+        (trtllm, "enable_chunked_prefill"),
+        (engine, "max_batch_size"),
+    ):
+        if name in part.model_fields_set:
+            args[name] = getattr(part, name)
+    if "stream_interval" in engine.model_fields_set:
+        args["stream_interval"] = engine.stream_interval
+    if engine.model != DEFAULT_MODEL:
+        args["model"] = engine.model
+    if engine.tokenizer is not None:
+        args["tokenizer"] = engine.tokenizer
+    if trtllm.moe_expert_parallel_size is not None:
+        args["moe_expert_parallel_size"] = trtllm.moe_expert_parallel_size
+    if engine.max_model_len is not None:
+        args["max_seq_len"] = engine.max_model_len
+    if not engine.cuda_graphs:
         args["cuda_graph_config"] = None
-    elif settings.cuda_graph_batch_sizes:
+    elif trtllm.cuda_graph_batch_sizes:
         # The list alone: 1.2 refuses it with a max_batch_size it would not generate itself.
-        args["cuda_graph_config"] = {"batch_sizes": sorted(set(settings.cuda_graph_batch_sizes))}
-    if settings.guided_decoding_backend is not None:
-        args["guided_decoding_backend"] = settings.guided_decoding_backend
-    if settings.lora_modules:
+        args["cuda_graph_config"] = {"batch_sizes": sorted(set(trtllm.cuda_graph_batch_sizes))}
+    if trtllm.guided_decoding_backend is not None:
+        args["guided_decoding_backend"] = trtllm.guided_decoding_backend
+    if trtllm.lora_modules:
         # PyTorch backend: without lora_config no LoRA manager exists and TensorRT-LLM silently
         # ignores every lora_request (executor/base_worker.py); lora_dir gives the target modules.
-        paths = [lora_module(entry)[1] for entry in settings.lora_modules]
+        paths = [lora_module(entry)[1] for entry in trtllm.lora_modules]
         n = len(paths)
         args["lora_config"] = {"lora_dir": paths, "max_loras": n, "max_cpu_loras": n}
     return args
 
 
-def trtllm_layers(settings: Settings) -> list[Layer]:
+def trtllm_layers(engine: EngineConfig, trtllm: TrtllmConfig) -> list[Layer]:
     """All layers for --engine trtllm, lowest precedence first (files and JSON read here)."""
-    flags = trtllm_cli_args(settings)
+    flags = trtllm_cli_args(engine, trtllm)
     layers: list[Layer] = [
-        ("built-in defaults", trtllm_default_args(settings)),
+        ("built-in defaults", trtllm_default_args(engine, trtllm)),
         ("command-line flags", flags),
     ]
-    if settings.extra_engine_args is not None:
-        path = settings.extra_engine_args
+    if trtllm.extra_engine_args is not None:
+        path = trtllm.extra_engine_args
         layers.append((str(path), load_engine_args_file(path)))
-    if settings.override_engine_args is not None:
-        layers.append((OVERRIDE_SOURCE, parse_override(settings.override_engine_args)))
-    if settings.num_kv_blocks is not None:
+    if trtllm.override_engine_args is not None:
+        layers.append((OVERRIDE_SOURCE, parse_override(trtllm.override_engine_args)))
+    if engine.num_kv_blocks is not None:
         # Blocks of the engine's own size: the final tokens_per_block (a YAML may set it),
         # else TensorRT-LLM's default, never the built-in engine's 16.
         block = TRTLLM_TOKENS_PER_BLOCK
@@ -179,7 +184,7 @@ def trtllm_layers(settings: Settings) -> list[Layer]:
             kv = args.get("kv_cache_config")
             if isinstance(kv, Mapping) and isinstance(kv.get("tokens_per_block"), int):
                 block = kv["tokens_per_block"]
-        flags["kv_cache_config"]["max_tokens"] = settings.num_kv_blocks * block
+        flags["kv_cache_config"]["max_tokens"] = engine.num_kv_blocks * block
     return layers
 
 
@@ -199,9 +204,9 @@ def merge_and_validate(layers: list[Layer]) -> dict[str, Any]:
     return merged
 
 
-def resolve_trtllm_args(settings: Settings) -> dict[str, Any]:
-    """The final LLM args for these settings; the one entry point serve and `config show` use."""
-    return merge_and_validate(trtllm_layers(settings))
+def resolve_trtllm_args(engine: EngineConfig, trtllm: TrtllmConfig) -> dict[str, Any]:
+    """The final LLM args for these configs; the one entry point serve and `config show` use."""
+    return merge_and_validate(trtllm_layers(engine, trtllm))
 
 
 def describe_errors(errors: list[dict[str, Any]], layers: list[Layer]) -> str:

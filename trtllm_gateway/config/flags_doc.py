@@ -1,13 +1,17 @@
-"""Render the serve flags (from Settings) as the README's markdown table; `--write` updates it."""
+"""Render the serve flags as the README's tables, one per config part; `--write` updates it.
+
+Each table is the part that owns its flags (config/server.py, serving.py, ...), so the README
+says which subsystem reads a flag."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.settings import PARTS
 
 START, END = "<!-- flags-table:start -->", "<!-- flags-table:end -->"
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -21,14 +25,26 @@ def _default(value: object) -> str:
     return f"`{value}`" if value not in ([], "") else ""
 
 
-def table() -> str:
+def part_table(part: type[BaseModel]) -> str:
     rows = ["| Flag | Default | Meaning |", "| --- | --- | --- |"]
-    for name, field in Settings.model_fields.items():
+    for name, field in part.model_fields.items():
         flag = "--" + name.replace("_", "-")
         default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
         desc = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{flag}` | {_default(default)} | {desc} |")
     return "\n".join(rows)
+
+
+def table() -> str:
+    sections = []
+    for part in PARTS:
+        # Each part's module docstring opens with "Name: what it holds"; its first line heads it.
+        module = sys.modules[part.__module__]
+        summary = (module.__doc__ or part.__name__).strip().splitlines()[0]
+        path = module.__name__.replace(".", "/") + ".py"
+        name, _, holds = summary.partition(": ")
+        sections.append(f"**{name}** (`{path}`): {holds}\n\n{part_table(part)}")
+    return "\n\n".join(sections)
 
 
 def render(readme: str) -> str:

@@ -1,41 +1,48 @@
-"""create_engine(settings): the engine --engine names; implementations are imported lazily."""
+"""create_engine(config): the engine --engine names; implementations are imported lazily.
+
+Each engine gets only the parts it reads: the built-in core its EngineConfig (and the encode
+siblings), TensorRT-LLM the EngineConfig and TrtllmConfig, the remote-prefill wrapper the
+DisaggConfig.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.disagg import encode_siblings
+from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.engine.logits.load import load_class
 from trtllm_gateway.engine.protocol import Engine, EngineBase
 
 
-def create_engine(settings: Settings) -> EngineBase:
+def create_engine(config: GatewayConfig) -> EngineBase:
     """Construct (not start) the engine; loading happens in Engine.start() under the lifespan.
 
     A decode instance with --prefill-url gets its engine wrapped for remote prefill.
     """
-    engine = _create_local(settings)
-    if settings.mode == "decode" and settings.prefill_url:
+    engine = _create_local(config)
+    if config.mode == "decode" and config.disagg.prefill_url:
         assert isinstance(engine, Engine)  # a decode instance generates
         from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
         from trtllm_gateway.engine.disagg.stats import RemotePrefillStats
 
-        return RemotePrefillEngine(engine, settings, RemotePrefillStats())
+        return RemotePrefillEngine(engine, config.disagg, RemotePrefillStats())
     return engine
 
 
-def preflight(settings: Settings) -> None:
+def preflight(config: GatewayConfig) -> None:
     """Fail before the server starts on what the chosen engine cannot run.
 
     Raises EngineError or ValueError whose str() is one line for the operator.
     """
-    if settings.engine == "trtllm":
+    engine = config.engine
+    if engine.engine == "trtllm":
         from trtllm_gateway.engine.trtllm.loader import preflight as trtllm_preflight
 
-        trtllm_preflight(settings)
-    for path in settings.logits_processor:  # the engine imports it again where it runs
+        trtllm_preflight(engine, config.trtllm, encode_siblings(config.disagg))
+    for path in engine.logits_processor:  # the engine imports it again where it runs
         load_class(path)
-    if settings.engine == "fake" and not Path(settings.tokenizer or settings.model).is_dir():
+    if engine.engine == "fake" and not Path(engine.tokenizer or engine.model).is_dir():
         # The fake engine has no model to take a tokenizer from: without one the server would
         # stay up answering /health 503 engine_dead.
         raise ValueError(
@@ -43,26 +50,31 @@ def preflight(settings: Settings) -> None:
         )
 
 
-def _create_local(settings: Settings) -> EngineBase:
-    if settings.engine == "builtin" and settings.mode == "encode":
+def _create_local(config: GatewayConfig) -> EngineBase:
+    engine, log_level = config.engine, config.server.log_level
+    encoders = encode_siblings(config.disagg)
+    if engine.engine == "builtin" and engine.mode == "encode":
         from trtllm_gateway.engine.builtin.vision.encode_engine import EncodeEngine
 
-        return EncodeEngine(settings)
-    if settings.engine == "builtin":
+        return EncodeEngine(engine)
+    if engine.engine == "builtin":
+        from trtllm_gateway.engine.builtin.config import BuiltinConfig
         from trtllm_gateway.engine.builtin.core_launch import core_client
 
         # --no-engine-process: the same core and messages, in a thread of this process.
-        return core_client(settings, in_thread=not settings.engine_process)
-    if settings.engine == "trtllm" and settings.mode == "encode":
+        return core_client(
+            BuiltinConfig(engine, encoders), log_level, in_thread=not engine.engine_process
+        )
+    if engine.engine == "trtllm" and engine.mode == "encode":
         from trtllm_gateway.engine.trtllm.encode import TrtllmEncodeEngine
 
-        return TrtllmEncodeEngine(settings)
-    if settings.engine == "trtllm":
+        return TrtllmEncodeEngine(engine, config.trtllm, log_level=log_level)
+    if engine.engine == "trtllm":
         from trtllm_gateway.engine.trtllm.engine import TrtllmEngine
 
-        return TrtllmEngine(settings)
-    if settings.engine == "fake":
+        return TrtllmEngine(engine, config.trtllm, encoders=encoders, log_level=log_level)
+    if engine.engine == "fake":
         from trtllm_gateway.engine.fake import FakeEngine
 
-        return FakeEngine.from_settings(settings)
-    raise ValueError(f"unknown engine {settings.engine!r}")
+        return FakeEngine.from_config(engine)
+    raise ValueError(f"unknown engine {engine.engine!r}")

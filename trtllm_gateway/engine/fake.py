@@ -1,6 +1,6 @@
 """FakeEngine: a real Engine implementation with scripted tokens, delays and failures.
 
-Used by the api tests through create_app(settings, engine=fake) and by `--engine fake`. It keeps
+Used by the api tests through create_app(config, engine=fake) and by `--engine fake`. It keeps
 the protocol's contract: closing generate() early aborts the request (recorded in `aborted`).
 """
 
@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
@@ -73,11 +73,11 @@ class FakeEngine:
         self._running: dict[str, asyncio.Event] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> FakeEngine:
-        path = Path(settings.tokenizer or settings.model)
+    def from_config(cls, config: EngineConfig) -> FakeEngine:
+        path = Path(config.tokenizer or config.model)
         info = EngineInfo(
-            model_id=settings.served_model_name or settings.model,
-            max_model_len=settings.max_model_len or 2048,
+            model_id=config.served_model_name or config.model,
+            max_model_len=config.max_model_len or 2048,
             vocab_size=0,
             eos_token_ids=(),
             engine="fake",

@@ -80,14 +80,14 @@ async def prefill(request: Request, serving: ServingDep) -> Response:
         sampling=validation.sibling_sampling(
             sampling,
             validation.vocab_bound(serving.info.vocab_size, serving.tokenizer.vocab_size),
-            serving.settings.max_logprobs,
+            serving.config.max_logprobs,
         ),
     )
     guided = req.sampling.guided
     if guided is not None:  # the public routes' bound and checks hold for a sibling too
         try:
             await asyncio.to_thread(
-                check_guided, guided, serving.settings.max_grammar_bytes, param="sampling"
+                check_guided, guided, serving.config.max_grammar_bytes, param="sampling"
             )
         except InvalidRequestError as e:
             raise BadRequestError(str(e), param="sampling") from None

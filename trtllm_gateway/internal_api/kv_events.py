@@ -99,7 +99,7 @@ async def load(serving: ServingDep, state: StateDep) -> Response:
         kv_blocks_total=blocks,
         kv_blocks_used=used,
         kv_active_blocks=used,
-        data_parallel_rank=state.settings.data_parallel_rank,
+        data_parallel_rank=state.config.engine.data_parallel_rank,
         in_flight=serving.admission.in_flight,
         queued=serving.admission.queued,
     )

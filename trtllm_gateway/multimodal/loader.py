@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 from PIL import Image
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.media import MediaConfig
 from trtllm_gateway.engine.protocol import ImageInput
 from trtllm_gateway.multimodal.cache import MediaCache
 from trtllm_gateway.multimodal.dataurl import decode_data_url, is_data_url
@@ -86,10 +86,10 @@ def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
     return sum(1 for _ in iter_image_refs(messages))
 
 
-def egress_policy(settings: Settings) -> EgressPolicy:
+def egress_policy(config: MediaConfig) -> EgressPolicy:
     return EgressPolicy(
-        allowed_domains=tuple(settings.allowed_media_domains),
-        allow_private=settings.allow_private_media_urls,
+        allowed_domains=tuple(config.allowed_media_domains),
+        allow_private=config.allow_private_media_urls,
     )
 
 
@@ -97,7 +97,7 @@ async def load_chat_images(
     messages: Sequence[Mapping[str, Any]],
     *,
     client: httpx.AsyncClient,
-    settings: Settings,
+    config: MediaConfig,
     cache: MediaCache,
     metrics: MediaMetrics | None = None,
     policy: EgressPolicy | None = None,
@@ -112,7 +112,7 @@ async def load_chat_images(
     releases it once the images are dropped.
     """
     refs = list(iter_image_refs(messages))
-    limit = settings.max_images_per_request
+    limit = config.max_images_per_request
     if len(refs) > limit:
         raise MediaRejectedError(
             f"at most {limit} images are allowed per request, got {len(refs)}",
@@ -122,12 +122,12 @@ async def load_chat_images(
     if not refs:
         return []
     loader = _Loader(
-        client, settings, cache, metrics or MediaMetrics(), policy or egress_policy(settings)
+        client, config, cache, metrics or MediaMetrics(), policy or egress_policy(config)
     )
     try:
         staged = await _each(loader.stage, refs, refs)
         if pixels is not None:
-            await pixels.acquire(sum(s.pixels for s in staged), settings.media_fetch_timeout)
+            await pixels.acquire(sum(s.pixels for s in staged), config.media_fetch_timeout)
         return await _each(loader.finish, staged, refs)
     except BaseException as exc:
         if isinstance(exc, MediaError) and exc.param is None:
@@ -167,7 +167,7 @@ def _first_media_error(
 @dataclass(slots=True)
 class _Loader:
     client: httpx.AsyncClient
-    settings: Settings
+    config: MediaConfig
     cache: MediaCache
     metrics: MediaMetrics
     policy: EgressPolicy
@@ -194,7 +194,7 @@ class _Loader:
                 pixels = cached.width * cached.height
                 return self._staged(_Staged(ref, source, nbytes, pixels, ready=ready))
             self.metrics.cache_misses += 1
-            max_pixels = self.settings.max_image_pixels
+            max_pixels = self.config.max_image_pixels
             pixels = await asyncio.to_thread(image_pixels, data, max_pixels=max_pixels)
             staged = _Staged(ref, source, nbytes, pixels, data=data, image_hash=image_hash)
             return self._staged(staged)
@@ -231,14 +231,14 @@ class _Loader:
         return staged
 
     async def _read(self, url: str, source: Source) -> bytes:
-        settings = self.settings
+        config = self.config
         if source == "data":
-            return await asyncio.to_thread(decode_data_url, url, max_bytes=settings.max_image_bytes)
+            return await asyncio.to_thread(decode_data_url, url, max_bytes=config.max_image_bytes)
         if source == "http":
             limits = FetchLimits(
-                max_bytes=settings.max_image_bytes,
-                timeout=settings.media_fetch_timeout,
-                max_redirects=settings.max_redirects,
+                max_bytes=config.max_image_bytes,
+                timeout=config.media_fetch_timeout,
+                max_redirects=config.max_redirects,
             )
             return await fetch_url(url, client=self.client, policy=self.policy, limits=limits)
         if source == "file":
@@ -249,21 +249,19 @@ class _Loader:
         )
 
     async def _read_file(self, url: str) -> bytes:
-        base = self.settings.allowed_local_media_path
+        base = self.config.allowed_local_media_path
         if base is None:
             raise MediaRejectedError(
                 "local image files are not enabled on this server", code="invalid_image_url"
             )
         try:
-            async with asyncio.timeout(self.settings.media_fetch_timeout):
-                return await asyncio.to_thread(_read_confined, url, base, self.settings)
+            async with asyncio.timeout(self.config.media_fetch_timeout):
+                return await asyncio.to_thread(_read_confined, url, base, self.config)
         except TimeoutError:
             raise MediaTimeoutError("reading the local image file timed out") from None
 
     async def _decode(self, data: bytes, image_hash: str) -> ImageInput:
-        image = await asyncio.to_thread(
-            decode_image, data, max_pixels=self.settings.max_image_pixels
-        )
+        image = await asyncio.to_thread(decode_image, data, max_pixels=self.config.max_image_pixels)
         self.metrics.images_decoded += 1
         self.cache.put(IMAGE_NAMESPACE, image_hash, image, rgb_nbytes(image))
         return ImageInput(hash=image_hash, payload=image)
@@ -283,9 +281,9 @@ class _Staged:
     ready: ImageInput | None = None
 
 
-def _read_confined(url: str, base: Path, settings: Settings) -> bytes:
+def _read_confined(url: str, base: Path, config: MediaConfig) -> bytes:
     path = resolve_local_path(url, base)
-    return read_local_file(path, base, max_bytes=settings.max_image_bytes)
+    return read_local_file(path, base, max_bytes=config.max_image_bytes)
 
 
 def _source_of(url: str) -> Source:

@@ -16,14 +16,14 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.media import MediaConfig
 from trtllm_gateway.multimodal.errors import MediaBusyError, MediaRejectedError
 
 
-def create_pixel_budget(settings: Settings) -> PixelBudget:
+def create_pixel_budget(config: MediaConfig) -> PixelBudget:
     """--max-image-pixels-in-flight, unset: room for two of the largest images at once."""
-    capacity = settings.max_image_pixels_in_flight
-    return PixelBudget(2 * settings.max_image_pixels if capacity is None else capacity)
+    capacity = config.max_image_pixels_in_flight
+    return PixelBudget(2 * config.max_image_pixels if capacity is None else capacity)
 
 
 @dataclass(slots=True)

@@ -122,7 +122,7 @@ def _literal(host: str) -> IPAddress | None:
 
 @dataclass(frozen=True, slots=True)
 class EgressPolicy:
-    """What the fetcher may connect to. Build with from_settings; tests swap resolve/is_blocked."""
+    """What the fetcher may connect to. Built by egress_policy; tests swap resolve/is_blocked."""
 
     allowed_domains: tuple[str, ...] = ()
     allow_private: bool = False

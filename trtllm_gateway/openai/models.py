@@ -16,7 +16,7 @@ def _card(state: State) -> ModelCard:
     info = getattr(state.engine, "info", None)
     return ModelCard(
         id=state.model_name,
-        root=state.tokenizer_path or state.settings.model,
+        root=state.tokenizer_path or state.config.engine.model,
         max_model_len=info.max_model_len if info is not None else None,
     )
 

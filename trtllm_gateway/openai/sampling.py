@@ -17,9 +17,9 @@ MAX_LOGPROBS = 20
 
 def check_common(body: SamplingFields, serving: Serving) -> None:
     """Checks shared by chat and completions that need no tokenizer."""
-    if serving.settings.mode in ("prefill", "encode"):
+    if serving.mode in ("prefill", "encode"):
         raise BadRequestError(
-            f"this instance runs in --mode {serving.settings.mode} and only serves sibling "
+            f"this instance runs in --mode {serving.mode} and only serves sibling "
             "instances; send generation requests to a decode or aggregated instance",
             code="wrong_mode",
         )

@@ -29,7 +29,7 @@ async def respond(run: Run, items: AsyncGenerator[Item, None], renderer: Rendere
         response = renderer.response(await collect(items))
         return JSONResponse(response.model_dump(mode="json"), headers=headers)
     prelude = [frame(c) for c in renderer.prelude()]  # before the peek: zero tokens so far
-    keepalive_s = run.serving.settings.sse_keepalive_interval
+    keepalive_s = run.serving.config.sse_keepalive_interval
     first = await peek_stream(items, keepalive_s)
     return EventStreamResponse(
         stream_frames(run.request_id, first, items, prelude, renderer),

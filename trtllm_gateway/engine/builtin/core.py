@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.config import EngineConfig
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_guided import GuidedWorker
 from trtllm_gateway.engine.builtin.core_vision import VisionWorker
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
@@ -58,11 +57,11 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, settings: Settings) -> None:
-        """settings: what the launcher brought across (API keys already dropped)."""
-        self.config = EngineConfig.from_settings(settings)
+    def __init__(self, config: BuiltinConfig) -> None:
+        """config: what the launcher brought across (the engine's part only, no keys)."""
+        self.config = config
         self.stopping = False
-        self._interval = StreamInterval(self.config.stream_interval)
+        self._interval = StreamInterval(config.engine.stream_interval)
         self._pending: Emitted = []
         self._parts: EngineParts | None = None
         self.loaded: LoadedModel | None = None
@@ -73,16 +72,16 @@ class EngineCore:
         self._wakeup = Wakeup()  # set when an encode or a grammar build has finished
         self.info = EngineInfo(model_id="", max_model_len=0, vocab_size=0, eos_token_ids=())
         # The prefix cache's events, forwarded with each batch to the client's own log.
-        self.kv_events = KvEventLog(self.config.block_size, capacity=1 << 20)
+        self.kv_events = KvEventLog(config.engine.block_size, capacity=1 << 20)
         self._kv_sent = -1
 
     def load(self, progress: Callable[[str], None]) -> Ready:
-        lm = self.loaded = load(self.config.load, progress)
+        lm = self.loaded = load(self.config.engine, progress)
         if lm.vision is not None:
-            embedder = create_embedder(lm.vision, self.config.load)
+            embedder = create_embedder(lm.vision, self.config)
             self._vision = VisionWorker(embedder, lm.max_model_len, self._wakeup.set)
         parts = self._parts = assemble(lm, self.config, self.kv_events)
-        timeout = self.config.grammar_compile_timeout
+        timeout = self.config.engine.grammar_compile_timeout
         self._guided = GuidedWorker(parts.guided, timeout, self._wakeup.set)
         self.info = parts.info
         remote = self._remote_encode_outcomes() is not None

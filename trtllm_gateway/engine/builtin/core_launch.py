@@ -1,13 +1,15 @@
-"""core_client(settings): the built-in EngineCore behind a CoreClient, in its process or a thread.
+"""core_client(config, log_level): the built-in EngineCore behind a CoreClient, in its process or
+a thread.
 
-The core gets the gateway's Settings without the API keys (config.engine_settings); it builds
-its EngineConfig from them on its side of the boundary.
+The launcher gets a no-argument factory, functools.partial(EngineCore, config): in a process,
+that (pickled) BuiltinConfig is all of the gateway's configuration the core ever sees.
 """
 
 from __future__ import annotations
 
-from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.builtin.config import EngineConfig
+from functools import partial
+
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.core.inproc import ThreadLauncher
@@ -15,15 +17,20 @@ from trtllm_gateway.engine.core.launch import Launcher
 from trtllm_gateway.engine.core.process import ProcessLauncher
 
 
-def core_client(settings: Settings, *, in_thread: bool = False) -> CoreClient:
+def core_factory(config: BuiltinConfig) -> partial[EngineCore]:
+    """What a launcher calls to make the core (pickled whole into a core process)."""
+    return partial(EngineCore, config)
+
+
+def core_client(
+    config: BuiltinConfig, log_level: str = "info", *, in_thread: bool = False
+) -> CoreClient:
     """The CoreClient over the built-in EngineCore: in its own process, or a thread."""
-    config = EngineConfig.from_settings(settings)
+    factory = core_factory(config)
     launcher: Launcher = (
-        ThreadLauncher(config.load, EngineCore)
-        if in_thread
-        else ProcessLauncher(config.load, EngineCore)
+        ThreadLauncher(factory) if in_thread else ProcessLauncher(factory, log_level)
     )
-    return CoreClient(launcher, config.model_id, config.block_size)
+    return CoreClient(launcher, config.model_id, config.engine.block_size)
 
 
 def thread_core(client: CoreClient) -> EngineCore:

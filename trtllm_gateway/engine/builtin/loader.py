@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.attention import (
     AttentionMetadata,
     decode_kernel,
@@ -71,61 +71,59 @@ def pick_dtype(name: str, device: torch.device, quantization: str | None = None)
     return torch.float32
 
 
-def load(settings: Settings, progress: Callable[[str], None] = lambda _: None) -> LoadedModel:
+def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None) -> LoadedModel:
     """Build everything; `progress` hears what a slow start is doing (health's detail)."""
     progress("loading the model")
-    device = pick_device(settings.device)
-    dtype = pick_dtype(settings.dtype, device, settings.quantization)
-    if settings.packed_weights == "int8" and (
-        device.type != "cpu" or dtype != torch.float32 or settings.quantization == "int8"
+    device = pick_device(config.device)
+    dtype = pick_dtype(config.dtype, device, config.quantization)
+    if config.packed_weights == "int8" and (
+        device.type != "cpu" or dtype != torch.float32 or config.quantization == "int8"
     ):
         raise ValueError(
             "--packed-weights int8 is for the CPU path with float32 weights "
             "(--dtype auto or float32, no --quantization int8)"
         )
-    if settings.load_format == "dummy":
+    if config.load_format == "dummy":
         model_dir = None
-        cfg = ModelConfig.from_dict(json.loads(Path(settings.model).read_text()))
-        if settings.tokenizer:
-            model_dir = Path(settings.tokenizer)
+        cfg = ModelConfig.from_dict(json.loads(Path(config.model).read_text()))
+        if config.tokenizer:
+            model_dir = Path(config.tokenizer)
     else:
-        model_dir = resolve_model(settings.model, settings.cache_dir)
+        model_dir = resolve_model(config.model, config.cache_dir)
         cfg = language_config(model_dir).with_generation_eos(model_dir)
-    max_len = min(
-        settings.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
-    )
+    max_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
     model = build_model(
         cfg,
         model_dir,
         dtype,
         device,
         max_len,
-        dummy=settings.load_format == "dummy",
-        seed=settings.seed,
+        dummy=config.load_format == "dummy",
+        seed=config.seed,
     )
-    if settings.quantization == "int8":
+    if config.quantization == "int8":
         if device.type != "cpu":
             raise ValueError("--quantization int8 is for the CPU path; CUDA runs bf16")
         logger.info("int8 weight copies for %d linear layers", quantize_int8(model))
-    elif settings.packed_weights != "off" and device.type == "cpu" and dtype == torch.float32:
-        _pack(model, int8=settings.packed_weights == "int8", progress=progress)
-    num_blocks = _num_blocks(settings, cfg, dtype, device)
-    bs = settings.block_size
+    elif config.packed_weights != "off" and device.type == "cpu" and dtype == torch.float32:
+        _pack(model, int8=config.packed_weights == "int8", progress=progress)
+    num_blocks = _num_blocks(config, cfg, dtype, device)
+    bs = config.block_size
     max_len = min(max_len, num_blocks * bs)
     slots = num_blocks * bs
     shape = (cfg.num_layers, 2, slots, cfg.num_kv_heads, cfg.head_dim)
     kv = torch.zeros(shape, dtype=dtype, device=device)
     kv_caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
     logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs, kv.nbytes / 2**30)
-    blocks = BlockManager(num_blocks, bs, settings.enable_prefix_caching)
+    blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
     runner = ModelRunner(
         model,
         kv_caches,
         bs,
         device,
         max_model_len=max_len,
-        max_batch_size=settings.max_batch_size,
-        cuda_graphs=settings.cuda_graphs,
+        max_batch_size=config.max_batch_size,
+        cuda_graphs=config.cuda_graphs,
     )
     layout = f"{cfg.model_type}:{cfg.num_layers}x{cfg.num_kv_heads}x{cfg.head_dim}:{dtype}:bs{bs}"
     vision = None
@@ -137,20 +135,20 @@ def load(settings: Settings, progress: Callable[[str], None] = lambda _: None) -
 
 
 def _num_blocks(
-    settings: Settings, cfg: ModelConfig, dtype: torch.dtype, device: torch.device
+    config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device
 ) -> int:
-    if settings.num_kv_blocks:
-        return settings.num_kv_blocks
-    block_bytes = cfg.kv_elems_per_token * settings.block_size * dtype.itemsize
+    if config.num_kv_blocks:
+        return config.num_kv_blocks
+    block_bytes = cfg.kv_elems_per_token * config.block_size * dtype.itemsize
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         # Keep room for activations, decode-graph logits and sampling beside the cache.
-        rows = min(settings.max_batch_size, 512) + settings.max_num_tokens // 8
+        rows = min(config.max_batch_size, 512) + config.max_num_tokens // 8
         reserve = (1 << 30) + 3 * rows * cfg.vocab_size * 4
-        reserve += settings.max_num_tokens * (3 * cfg.intermediate_size + 8 * cfg.hidden_size) * 4
-        budget = int(min(free * settings.kv_cache_fraction, free - reserve))
+        reserve += config.max_num_tokens * (3 * cfg.intermediate_size + 8 * cfg.hidden_size) * 4
+        budget = int(min(free * config.kv_cache_fraction, free - reserve))
     else:
-        budget = int(CPU_KV_BUDGET_BYTES * settings.kv_cache_fraction)
+        budget = int(CPU_KV_BUDGET_BYTES * config.kv_cache_fraction)
     return max(2, budget // block_bytes)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtllm_gateway.engine.builtin.admission import Admission
-from trtllm_gateway.engine.builtin.config import EngineConfig
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.loader import LoadedModel
 from trtllm_gateway.engine.builtin.sampler import Sampler
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
@@ -47,31 +47,32 @@ class EngineParts:
         )
 
 
-def assemble(lm: LoadedModel, config: EngineConfig, kv_events: KvEventLog) -> EngineParts:
+def assemble(lm: LoadedModel, config: BuiltinConfig, kv_events: KvEventLog) -> EngineParts:
+    engine = config.engine
     kv_events.num_blocks = lm.blocks.num_blocks
     lm.blocks.events = kv_events
-    lm.blocks.dp_rank = config.data_parallel_rank
+    lm.blocks.dp_rank = engine.data_parallel_rank
     lm.blocks.clear_cache()  # event 0: a reader starts from an empty cache
-    sched = Scheduler(lm.blocks, config.max_batch_size, config.max_num_tokens)
+    sched = Scheduler(lm.blocks, engine.max_batch_size, engine.max_num_tokens)
     context = ProcessorContext(
         lm.cfg.vocab_size, lm.cfg.eos_token_ids, str(lm.model_dir or ""), str(lm.device)
     )
     logits = LogitsProcessors.create(
-        config.logits_processors, context, config.test_logits_processor
+        tuple(engine.logits_processor), context, engine.enable_test_logits_processor
     )
     sampler = Sampler(lm.cfg.eos_token_ids)
-    max_held = max(1, int(config.max_held_kv_fraction * lm.blocks.num_blocks))
-    stepper = Stepper(lm, sched, sampler, lm.max_model_len, config.kv_handoff_timeout, max_held)
+    max_held = max(1, int(engine.max_held_kv_fraction * lm.blocks.num_blocks))
+    stepper = Stepper(lm, sched, sampler, lm.max_model_len, engine.kv_handoff_timeout, max_held)
     info = EngineInfo(
         model_id=config.model_id,
         max_model_len=lm.max_model_len,
         vocab_size=lm.cfg.vocab_size,
         eos_token_ids=lm.cfg.eos_token_ids,
-        mode=config.mode,
+        mode=engine.mode,
         kv_layout=lm.kv_layout,
         supports_images=lm.vision is not None,
-        max_batch_size=config.max_batch_size,
+        max_batch_size=engine.max_batch_size,
     )
     guided = GuidedFactory(lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids)
-    admission = Admission(info, lm.blocks, lm.device, config.seed)
+    admission = Admission(info, lm.blocks, lm.device, engine.seed)
     return EngineParts(stepper, admission, guided, info, logits)

@@ -15,7 +15,6 @@ import threading
 
 import zmq
 
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.core.launch import CoreFactory
 from trtllm_gateway.engine.core.loop import Addresses, Core, run_core
 
@@ -23,15 +22,14 @@ from trtllm_gateway.engine.core.loop import Addresses, Core, run_core
 class ThreadLauncher:
     transport = "inproc"
 
-    def __init__(self, settings: Settings, factory: CoreFactory) -> None:
-        self.settings = settings
+    def __init__(self, factory: CoreFactory) -> None:
         self.factory = factory
         self._thread: threading.Thread | None = None
         self._code: int | None = None
         self.core: Core | None = None  # once made: a look inside for tests and debugging
 
     def _make(self) -> Core:
-        self.core = self.factory(self.settings)
+        self.core = self.factory()
         return self.core
 
     def start(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses) -> None:

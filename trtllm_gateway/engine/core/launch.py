@@ -10,10 +10,10 @@ from typing import Protocol
 
 import zmq
 
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.core.loop import Addresses, Core
 
-CoreFactory = Callable[[Settings], Core]
+# Makes the core where it runs; a process launcher pickles it, so it carries all the core gets.
+CoreFactory = Callable[[], Core]
 
 
 class Launcher(Protocol):

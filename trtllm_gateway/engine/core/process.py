@@ -2,7 +2,7 @@
 owns the torch threads.
 
 A plain subprocess rather than multiprocessing: no resource-tracker process to outlive the
-gateway, no re-import of the gateway's __main__. The Settings and the core factory go down the
+gateway, no re-import of the gateway's __main__. The core factory (and the log level) go down the
 child's stdin (pickled, length-prefixed); stdin then stays open as the parent's lifeline: it reads
 EOF when the gateway is gone, however it died, and the core exits (never an orphan). The gateway
 watches a pidfd of the child, readable the moment it exits.
@@ -26,7 +26,6 @@ import sys
 
 import zmq
 
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.core.launch import CoreFactory
 from trtllm_gateway.engine.core.loop import Addresses, run_core
 
@@ -38,14 +37,14 @@ _LEN = struct.Struct("!I")
 class ProcessLauncher:
     transport = "ipc"
 
-    def __init__(self, settings: Settings, factory: CoreFactory) -> None:
-        self.settings = settings
+    def __init__(self, factory: CoreFactory, log_level: str = "info") -> None:
         self.factory = factory
+        self.log_level = log_level
         self._proc: subprocess.Popen[bytes] | None = None
         self._pidfd: int | None = None
 
     def start(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses) -> None:
-        payload = pickle.dumps((self.settings, self.factory, addrs))
+        payload = pickle.dumps((self.factory, self.log_level, addrs))
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "trtllm_gateway.engine.core.process"],
             stdin=subprocess.PIPE,
@@ -99,13 +98,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stdin = sys.stdin.buffer
     (size,) = _LEN.unpack(stdin.read(_LEN.size))
-    settings, factory, addrs = pickle.loads(stdin.read(size))
+    factory, log_level, addrs = pickle.loads(stdin.read(size))
     logging.basicConfig(
-        level=settings.log_level.upper(),
+        level=log_level.upper(),
         format="%(asctime)s engine-core %(levelname)s %(name)s: %(message)s",
     )
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    code = run_core(lambda: factory(settings), ctx, addrs, stdin.fileno())
+    code = run_core(factory, ctx, addrs, stdin.fileno())
     ctx.term()
     return code
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.disagg import EncodeSiblings
 from trtllm_gateway.engine.disagg.embed_wire import (
     CONTENT_TYPE,
     EmbedWireError,
@@ -42,11 +42,11 @@ class RemoteEncodeStats:
 
 class RemoteEncoder:
     @classmethod
-    def from_settings(cls, settings: Settings) -> RemoteEncoder:
+    def from_siblings(cls, siblings: EncodeSiblings) -> RemoteEncoder:
         """--encode-url's siblings, presenting --internal-api-key (/internal/ takes only it)."""
-        key = settings.internal_api_key
+        key = siblings.internal_key
         secret = key.get_secret_value() if key is not None else None
-        return cls(settings.encode_url, settings.encode_timeout, settings.sibling_backoff, secret)
+        return cls(siblings.urls, siblings.timeout, siblings.backoff, secret)
 
     def __init__(
         self, urls: Sequence[str], timeout: float, backoff: float, internal_key: str | None = None

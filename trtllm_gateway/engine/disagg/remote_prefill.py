@@ -18,8 +18,8 @@ from dataclasses import replace
 
 import httpx
 
+from trtllm_gateway.config.disagg import DisaggConfig
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
-from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.capabilities import EngineExtras, KvHandoff
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
@@ -58,22 +58,22 @@ class RemotePrefillEngine:
     def __init__(
         self,
         inner: Engine,
-        settings: Settings,
+        config: DisaggConfig,
         stats: RemotePrefillStats,
         transport: httpx.AsyncBaseTransport | None = None,  # tests: httpx.MockTransport
     ) -> None:
         self.inner = inner
-        self.settings = settings
+        self.config = config
         self.remote_prefill_stats = stats
         self.info: EngineInfo = inner.info
         self.pool = SiblingPool(
-            settings.prefill_url, settings.sibling_backoff, settings.kv_routing_load_weight
+            config.prefill_url, config.sibling_backoff, config.kv_routing_load_weight
         )
-        self.pools = parse_prefill_pools(settings.prefill_pools) if settings.prefill_pools else ()
+        self.pools = parse_prefill_pools(config.prefill_pools) if config.prefill_pools else ()
         self.followers: list[KvFollower] = []  # KV-aware routing (docs/kv_events.md)
         self._client: httpx.AsyncClient | None = None
         self._transport = transport
-        key = settings.internal_api_key
+        key = config.internal_api_key
         self._auth = sibling_headers(key.get_secret_value() if key is not None else None)
 
     @property
@@ -86,7 +86,7 @@ class RemotePrefillEngine:
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
-            timeout=self.settings.remote_prefill_timeout, transport=self._transport
+            timeout=self.config.remote_prefill_timeout, transport=self._transport
         )
         await self.inner.start()
         self.info = self.inner.info
@@ -96,7 +96,7 @@ class RemotePrefillEngine:
             except SiblingError as e:
                 logger.warning("prefill sibling %s not reachable at start-up: %s", sib.url, e)
                 self._mark(sib, healthy=False)
-        if self.settings.kv_routing and len(self.pool.siblings) > 1:
+        if self.config.kv_routing and len(self.pool.siblings) > 1:
             for sib in self.pool.siblings:
                 self.followers.append(KvFollower(sib.url, sib.kv, self._client, self._auth))
                 self.followers[-1].start()
@@ -133,7 +133,7 @@ class RemotePrefillEngine:
         uncached = len(req.prompt_token_ids)
         if isinstance(self.inner, KvHandoff):
             uncached -= self.inner.cached_prefix_tokens(req.prompt_token_ids)
-        if uncached < self.settings.max_local_prefill_tokens or req.images:
+        if uncached < self.config.max_local_prefill_tokens or req.images:
             self.remote_prefill_stats.record("local_short")
             return None
         if self.info.engine == "trtllm" and (
@@ -174,7 +174,7 @@ class RemotePrefillEngine:
         return self.pool.pick(among)
 
     def _fallback(self, req: GenerateRequest, why: str) -> None:
-        if self.settings.require_remote_prefill:
+        if self.config.require_remote_prefill:
             self.remote_prefill_stats.record("failed")
             raise RemotePrefillFailedError(f"{why} (--require-remote-prefill is set)")
         logger.warning("request %s: %s; prefilling locally", req.request_id, why)

@@ -23,7 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.disagg import EncodeSiblings
+from trtllm_gateway.config.engine import EngineConfig
+from trtllm_gateway.config.trtllm import TrtllmConfig
 from trtllm_gateway.engine.disagg.embed_tensors import (
     embeds_frame,
     frame_tensor,
@@ -56,12 +58,15 @@ def embeds_layout(model_dir: Path) -> str:
 class TrtllmEncodeEngine(EncodeOnly):
     """The Engine protocol plus ImageEncoding: no generation, only the vision encoder."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, engine: EngineConfig, trtllm: TrtllmConfig, *, log_level: str = "info"
+    ) -> None:
         self._llmapi = import_llmapi()
-        set_trtllm_log_level(settings.log_level)
-        self.settings = settings
-        self._model_dir = Path(settings.model)
-        name = settings.served_model_name or model_display_name(settings.model)
+        set_trtllm_log_level(log_level)
+        self._model_name = engine.model
+        self._trust_remote_code = trtllm.trust_remote_code
+        self._model_dir = Path(engine.model)
+        name = engine.served_model_name or model_display_name(engine.model)
         self.info = EngineInfo(
             model_id=name,
             max_model_len=0,
@@ -83,10 +88,10 @@ class TrtllmEncodeEngine(EncodeOnly):
             self._layout = embeds_layout(self._model_dir)
             token = Tokenizer.from_dir(self._model_dir).image_token
             if token is None:
-                raise ValueError(f"{self.settings.model} has no image token: not a vision model")
+                raise ValueError(f"{self._model_name} has no image token: not a vision model")
             self._prompt = token  # one placeholder: every encode request is one image
             self._encoder = self._llmapi.MultimodalEncoder(
-                str(self._model_dir), trust_remote_code=self.settings.trust_remote_code
+                str(self._model_dir), trust_remote_code=self._trust_remote_code
             )
         except Exception as exc:
             self._state, self._detail = "dead", f"MultimodalEncoder failed to start: {exc}"
@@ -120,8 +125,8 @@ class TrtllmEncodeEngine(EncodeOnly):
 class RemoteEmbeddings:
     """A TrtllmEngine's --encode-url client: images -> embedding tensors, or None (encode here)."""
 
-    def __init__(self, settings: Settings, model_dir: Path) -> None:
-        self.remote = RemoteEncoder.from_settings(settings)
+    def __init__(self, encoders: EncodeSiblings, model_dir: Path) -> None:
+        self.remote = RemoteEncoder.from_siblings(encoders)
         self._model_dir = model_dir
         self._layout = ""
 

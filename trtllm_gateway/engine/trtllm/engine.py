@@ -19,8 +19,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from trtllm_gateway.config.disagg import EncodeSiblings
+from trtllm_gateway.config.engine import DEFAULT_MODEL, EngineConfig
 from trtllm_gateway.config.engine_args import TRTLLM_TOKENS_PER_BLOCK, resolve_trtllm_args
-from trtllm_gateway.config.settings import DEFAULT_MODEL, Settings
+from trtllm_gateway.config.trtllm import TrtllmConfig
 from trtllm_gateway.config.trtllm_schema import validated_against
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.kv_events.log import KvEventLog
@@ -68,23 +70,31 @@ __all__ = ["TrtllmEngine", "TrtllmRequestError"]  # the request error is named h
 class TrtllmEngine:
     """Engine protocol over `tensorrt_llm.LLM` (aggregated, prefill or decode mode)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        engine: EngineConfig,
+        trtllm: TrtllmConfig,
+        *,
+        encoders: EncodeSiblings | None = None,
+        log_level: str = "info",
+    ) -> None:
         """Check the install and the engine args; load nothing yet (start() does).
 
         Raises TrtllmNotInstalledError (one line: how to get TensorRT-LLM) or EngineArgsError
         (file, key and reason), so a bad start-up never shows a traceback. `--model default`
         or a .gguf file is converted to an HF checkpoint in start() (engine.model_source).
         """
-        refuse_unsupported(settings)
+        refuse_unsupported(engine, encoders)
         self._trt = import_trtllm()
         self._llmapi = import_llmapi()
-        set_trtllm_log_level(settings.log_level)
+        set_trtllm_log_level(log_level)
         self._errors = ErrorTranslator(self._llmapi.RequestError, self._mark_dead)
-        self._settings = settings
-        self._args = resolve_trtllm_args(settings)
+        self._config = engine
+        self._encoders = encoders  # --encode-url (EPD)
+        self._args = resolve_trtllm_args(engine, trtllm)
         logger.info("TensorRT-LLM args validated against %s", validated_against(self._args))
-        self._loras = LoraAdapters.from_settings(settings)
-        self._model = str(self._args.get("model") or settings.model)
+        self._loras = LoraAdapters.from_config(trtllm)
+        self._model = str(self._args.get("model") or engine.model)
         self.tokenizer_dir = Path(str(self._args.get("tokenizer") or self._model))
         self.info: EngineInfo = self._read_info()
         self._llm: Any = None
@@ -121,9 +131,9 @@ class TrtllmEngine:
             self._mark_dead(exc)
             raise EngineDeadError(f"TensorRT-LLM failed to start: {exc}") from exc
         self._fill_eos_from_tokenizer()
-        self._logits = create_processors(self._settings, self.info, self.tokenizer_dir)
-        if self._settings.encode_url:
-            self._remote_encode = RemoteEmbeddings(self._settings, Path(self._model))
+        self._logits = create_processors(self._config, self.info, self.tokenizer_dir)
+        if self._encoders is not None:
+            self._remote_encode = RemoteEmbeddings(self._encoders, Path(self._model))
         kv_events = bool(self._args.get("kv_cache_config", {}).get("event_buffer_max_size"))
         self._stats = StatsPoller(self._llm, kv_events=kv_events)
         self._stats.start()
@@ -134,10 +144,10 @@ class TrtllmEngine:
                 self.kv_event_log,
                 self.kv_events(),
                 block or TRTLLM_TOKENS_PER_BLOCK,
-                self._settings.data_parallel_rank,
+                self._config.data_parallel_rank,
             )
         self._state = "ready"
-        logger.info("TensorRT-LLM engine ready: %s (%s mode)", self._model, self._settings.mode)
+        logger.info("TensorRT-LLM engine ready: %s (%s mode)", self._model, self._config.mode)
 
     async def stop(self) -> None:
         """Abort everything in flight, stop the pollers, shut TensorRT-LLM down (its workers)."""
@@ -292,15 +302,15 @@ class TrtllmEngine:
                 max_model_len=0,
                 vocab_size=0,
                 eos_token_ids=(),
-                mode=self._settings.mode,
+                mode=self._config.mode,
                 engine="trtllm",
                 max_batch_size=batch,
                 lora_names=self._loras.names,
             )
         info = read_engine_info(
             self._model,
-            served_name=self._settings.served_model_name,
-            mode=self._settings.mode,
+            served_name=self._config.served_model_name,
+            mode=self._config.mode,
             max_seq_len=self._args.get("max_seq_len"),
             trust_remote_code=bool(self._args.get("trust_remote_code")),
             kv_cache=self._args.get("kv_cache_config"),
@@ -309,8 +319,8 @@ class TrtllmEngine:
 
     async def _convert_model(self) -> None:
         """'default' or a .gguf file: TensorRT-LLM reads HF checkpoints, so convert (cached)."""
-        path = await asyncio.to_thread(resolve_model, self._model, self._settings.cache_dir)
-        served = self._settings.served_model_name or model_display_name(self._model, path)
+        path = await asyncio.to_thread(resolve_model, self._model, self._config.cache_dir)
+        served = self._config.served_model_name or model_display_name(self._model, path)
         self._model = str(path)
         self._args = {**self._args, "model": self._model}
         if not self._args.get("tokenizer"):

@@ -7,8 +7,10 @@ import logging
 import os
 from types import ModuleType
 
+from trtllm_gateway.config.disagg import EncodeSiblings
+from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.config.engine_args import resolve_trtllm_args
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.trtllm import TrtllmConfig
 from trtllm_gateway.engine.protocol import EngineError
 
 logger = logging.getLogger(__name__)
@@ -47,10 +49,10 @@ class TrtllmUnsupportedError(EngineError):
     """A flag combination the TensorRT-LLM adapter refuses at start-up; str() is one line."""
 
 
-def refuse_unsupported(settings: Settings) -> None:
+def refuse_unsupported(engine: EngineConfig, encoders: EncodeSiblings | None) -> None:
     """Refuse what --engine trtllm does not do, before anything loads: an encode instance
     does not ask another one (--encode-url is for prefill and aggregated instances)."""
-    if settings.mode == "encode" and settings.encode_url:
+    if engine.mode == "encode" and encoders is not None:
         raise TrtllmUnsupportedError(
             "--encode-url is for prefill and aggregated instances, not --mode encode"
         )
@@ -69,11 +71,11 @@ def set_trtllm_log_level(level: str) -> None:
         logger.warning("cannot set TensorRT-LLM's log level: %r", exc)
 
 
-def preflight(settings: Settings) -> None:
+def preflight(engine: EngineConfig, trtllm: TrtllmConfig, encoders: EncodeSiblings | None) -> None:
     """What TrtllmEngine() checks, run by the CLI before the server starts (one-line errors).
 
     Raises TrtllmUnsupportedError, TrtllmNotInstalledError or config's EngineArgsError.
     """
-    refuse_unsupported(settings)
+    refuse_unsupported(engine, encoders)
     import_trtllm()
-    resolve_trtllm_args(settings)
+    resolve_trtllm_args(engine, trtllm)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from trtllm_gateway.config.settings import Settings
+    from trtllm_gateway.config.engine import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -73,11 +73,11 @@ class TrtllmLogitsHook:
 
 
 def create_processors(
-    settings: Settings, info: EngineInfo, tokenizer_dir: Path
+    engine: EngineConfig, info: EngineInfo, tokenizer_dir: Path
 ) -> LogitsProcessors:
     context = ProcessorContext(info.vocab_size, info.eos_token_ids, str(tokenizer_dir), "cuda")
     return LogitsProcessors.create(
-        settings.logits_processor, context, settings.enable_test_logits_processor
+        engine.logits_processor, context, engine.enable_test_logits_processor
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trtllm_gateway.config.settings import Settings, lora_module
+from trtllm_gateway.config.trtllm import TrtllmConfig, lora_module
 from trtllm_gateway.engine.protocol import InvalidRequestError
 
 
@@ -24,8 +24,8 @@ class LoraAdapters:
     by_name: dict[str, tuple[int, str]]
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> LoraAdapters:
-        entries = [lora_module(entry) for entry in settings.lora_modules]
+    def from_config(cls, trtllm: TrtllmConfig) -> LoraAdapters:
+        entries = [lora_module(entry) for entry in trtllm.lora_modules]
         return cls({name: (i, path) for i, (name, path) in enumerate(entries, 1)})
 
     @property

@@ -39,7 +39,7 @@ async def load_images(
     return await load_chat_images(
         raw,
         client=state.http,
-        settings=state.settings,
+        config=state.config.media,
         cache=state.media_cache,
         metrics=state.metrics.media,
         pixels=pixels,

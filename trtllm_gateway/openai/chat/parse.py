@@ -85,7 +85,7 @@ def _check(body: ChatCompletionRequest, serving: Serving) -> None:
         raise BadRequestError("messages must not be empty.", param="messages")
     if body.top_logprobs and not body.logprobs:
         raise BadRequestError("top_logprobs requires logprobs=true.", param="top_logprobs")
-    sampling.check_logprobs(body.top_logprobs, "top_logprobs", serving.settings.max_logprobs)
+    sampling.check_logprobs(body.top_logprobs, "top_logprobs", serving.config.max_logprobs)
     check_tools(body)
 
 
@@ -111,13 +111,11 @@ def thinking_enabled(body: ChatCompletionRequest) -> bool:
 
 
 def reply_plan(body: ChatCompletionRequest, serving: Serving, prompt: list[int]) -> ReplyPlan:
-    settings = serving.settings
-    reasoning = settings.reasoning_parser
+    config = serving.config
+    reasoning = config.reasoning_parser
     model_family = None  # the model's own tool-call format
     if body.tools:
-        model_family = resolve_tool_parser(
-            settings.tool_call_parser, serving.tokenizer.chat_template
-        )
+        model_family = resolve_tool_parser(config.tool_call_parser, serving.tokenizer.chat_template)
     family = model_family if body.tool_choice in (None, "auto") else None
     tool = named_tool(body)
     tail = ""
@@ -146,5 +144,5 @@ async def guided_decoding(
         marker = end_marker(plan.reasoning)
         ids = serving.tokenizer.encode(marker, add_special_tokens=False)
         constraint = start_after(constraint, tuple(ids))
-    await check_constraint(constraint, serving.settings.max_grammar_bytes)
+    await check_constraint(constraint, serving.config.max_grammar_bytes)
     return constraint.guided

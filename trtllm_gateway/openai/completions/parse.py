@@ -41,7 +41,7 @@ async def parse_completion(body: CompletionRequest, serving: Serving, run: Run) 
     _check(body, serving)
     constraint = build_constraint(body)
     if constraint is not None:
-        await check_constraint(constraint, serving.settings.max_grammar_bytes)
+        await check_constraint(constraint, serving.config.max_grammar_bytes)
     prompts = await asyncio.to_thread(_tokenize, body, serving)
     want_prompt_logprobs = body.echo and body.logprobs is not None
     parsed = ParsedCompletion([], [])
@@ -65,7 +65,7 @@ async def parse_completion(body: CompletionRequest, serving: Serving, run: Run) 
 
 def _check(body: CompletionRequest, serving: Serving) -> None:
     sampling.check_common(body, serving)
-    sampling.check_logprobs(body.logprobs, "logprobs", serving.settings.max_logprobs)
+    sampling.check_logprobs(body.logprobs, "logprobs", serving.config.max_logprobs)
     if body.suffix:
         raise BadRequestError("suffix is not supported.", param="suffix")
     for field_name in ("tools", "tool_choice"):

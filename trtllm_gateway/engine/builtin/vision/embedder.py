@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage, expand_prompt
@@ -30,11 +30,12 @@ from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput
 logger = logging.getLogger(__name__)
 
 
-def create_embedder(encoder: VisionEncoder, settings: Settings) -> ImageEmbedder:
+def create_embedder(encoder: VisionEncoder, config: BuiltinConfig) -> ImageEmbedder:
     remote = None
-    if settings.encode_url:
-        remote = RemoteEncoder.from_settings(settings)
-    return ImageEmbedder(encoder, EmbeddingCache(settings.vision_embed_cache_bytes), remote)
+    if config.encoders is not None:
+        remote = RemoteEncoder.from_siblings(config.encoders)
+    cache = EmbeddingCache(config.engine.vision_embed_cache_bytes)
+    return ImageEmbedder(encoder, cache, remote)
 
 
 class ImageEmbedder:

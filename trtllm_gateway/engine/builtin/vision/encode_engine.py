@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.loader import pick_device, pick_dtype
 from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
@@ -25,9 +25,9 @@ from trtllm_gateway.engine.protocol import (
 
 
 class EncodeEngine(EncodeOnly):
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        name = settings.served_model_name or model_display_name(settings.model)
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        name = config.served_model_name or model_display_name(config.model)
         self.info = EngineInfo(
             model_id=name, max_model_len=0, vocab_size=0, eos_token_ids=(), mode="encode"
         )
@@ -45,7 +45,7 @@ class EncodeEngine(EncodeOnly):
         self._state = "ready"
 
     def _load(self) -> ImageEmbedder:
-        s = self.settings
+        s = self.config
         model_dir = resolve_model(s.model, s.cache_dir)
         if not is_vision_checkpoint(model_dir):
             raise ValueError(f"--mode encode needs a LLaVA checkpoint; {s.model} has no vision")

