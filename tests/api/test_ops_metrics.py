@@ -1,5 +1,6 @@
-"""/metrics for operations: admission gauges, media counters (multimodal.MediaMetrics) and the
-remote-prefill counters and KV-transfer histogram (engine RemotePrefillStats)."""
+"""/metrics for operations: admission gauges, media counters (multimodal.MediaMetrics), the
+decoded-pixel budget's gauges, and the remote-prefill counters and KV-transfer histogram (engine
+RemotePrefillStats)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,22 @@ async def test_admission_and_media(client: httpx.AsyncClient, app: FastAPI) -> N
     assert 'trtllm_gateway:media_bytes_loaded_total{source="http"} 1234.0' in text
     assert "trtllm_gateway:media_cache_hits_total 2.0" in text
     assert "trtllm_gateway:remote_prefill_total" not in text  # not a decode instance
+
+
+async def test_image_pixel_gauges(client: httpx.AsyncClient, app: FastAPI) -> None:
+    metrics = state_of(app).metrics
+    assert metrics.pixels.capacity == 2 * 40_000_000  # unset: two of the largest images
+    lease = metrics.pixels.lease()
+    await lease.acquire(3_000_000, 1.0)
+    slot = metrics.admission.reserve(1)
+    slot.on_release(lease.release)  # as the chat route ties the two: one end for both
+    text = (await client.get("/metrics")).text
+    assert "trtllm_gateway:image_pixels_in_flight 3e+06" in text
+    assert "trtllm_gateway:image_requests_waiting 0.0" in text
+    slot.release()
+    text = (await client.get("/metrics")).text
+    assert "trtllm_gateway:image_pixels_in_flight 0.0" in text
+    assert "trtllm_gateway:image_pixels_in_flight_peak 3e+06" in text
 
 
 async def test_remote_prefill(client: httpx.AsyncClient, app: FastAPI) -> None:

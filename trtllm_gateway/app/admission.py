@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from trtllm_gateway.app.errors import ServiceUnavailableError
 
@@ -25,17 +26,25 @@ logger = logging.getLogger(__name__)
 class Slot:
     """Reserved capacity; `release()` is idempotent so every exit path may call it."""
 
-    __slots__ = ("_admission", "_released", "weight")
+    __slots__ = ("_admission", "_also", "_released", "weight")
 
     def __init__(self, admission: Admission, weight: int) -> None:
         self._admission = admission
         self.weight = weight
         self._released = False
+        self._also: list[Callable[[], None]] = []
+
+    def on_release(self, callback: Callable[[], None]) -> None:
+        """Run `callback` with the release: what else the request holds until its response
+        has ended (its images' decoded-pixel budget)."""
+        self._also.append(callback)
 
     def release(self) -> None:
         if not self._released:
             self._released = True
             self._admission._release(self.weight)
+            for callback in self._also:
+                callback()
 
 
 class Admission:

@@ -27,6 +27,7 @@ from trtllm_gateway.app.version import VERSION
 from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.engine.protocol import EngineBase
 from trtllm_gateway.internal_api import disagg, encode, kv_events
+from trtllm_gateway.multimodal import create_pixel_budget
 from trtllm_gateway.openai import models
 from trtllm_gateway.openai.chat import router as chat
 from trtllm_gateway.openai.completions import router as completions
@@ -42,6 +43,7 @@ def create_app(config: GatewayConfig, engine: EngineBase | None = None) -> FastA
         config.engine.max_batch_size, server.max_queued_requests, server.max_running_choices
     )
     metrics = GatewayMetrics(CollectorRegistry(), admission, server.metrics_prefix)
+    metrics.pixels = create_pixel_budget(config.media)
     drain = Drain(admission, server.shutdown_timeout)
     endpoint = server.otlp_traces_endpoint
     tracer = Tracer(endpoint) if endpoint else None

@@ -32,6 +32,7 @@ from trtllm_gateway.app.ops_collectors import (
 from trtllm_gateway.engine.protocol import EngineHealth, FinishReason, TokenEvent
 from trtllm_gateway.engine.stats import KvRoutingStats, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
+from trtllm_gateway.multimodal.pixel_budget import PixelBudget
 
 _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -136,6 +137,8 @@ class GatewayMetrics:
         self.admission = admission or Admission(running=1, queued=None)
         # Filled by the image loader (openai/chat/images.py) and read at scrape time.
         self.media = MediaMetrics()
+        # Decoded pixels held by requests; create_app gives it the configured bound.
+        self.pixels = PixelBudget(0)
         self._remote_prefill = RemotePrefillCollector(lambda: self.model_name)
         self._remote_encode = RemoteEncodeCollector(lambda: self.model_name)
         self._kv_routing = _KvRoutingCollector()
@@ -183,7 +186,7 @@ class GatewayMetrics:
         )
         inner.register(_EngineCollector(self._read_health, lambda: self.model_name))
         inner.register(AdmissionCollector(self.admission))
-        inner.register(MediaCollector(self.media))
+        inner.register(MediaCollector(self.media, lambda: self.pixels))
         inner.register(self._remote_prefill)
         inner.register(self._remote_encode)
         inner.register(self._kv_routing)

@@ -17,6 +17,7 @@ from trtllm_gateway.app.admission import Admission
 from trtllm_gateway.engine.disagg.remote_encode import OUTCOMES as ENCODE_OUTCOMES
 from trtllm_gateway.engine.stats import OUTCOMES, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
+from trtllm_gateway.multimodal.pixel_budget import PixelBudget
 
 PREFIX = "trtllm_gateway:"
 # KV pulls: from a few ms (short prompt, loopback) to tens of seconds (long prompt over TCP).
@@ -54,10 +55,12 @@ class AdmissionCollector(Collector):
 
 
 class MediaCollector(Collector):
-    """multimodal.MediaMetrics as trtllm_gateway:media_* counters."""
+    """multimodal.MediaMetrics as trtllm_gateway:media_* counters, and the decoded-pixel
+    budget's gauges."""
 
-    def __init__(self, media: MediaMetrics) -> None:
+    def __init__(self, media: MediaMetrics, pixels: Callable[[], PixelBudget]) -> None:
         self._media = media
+        self._pixels = pixels
 
     def collect(self) -> Iterator[Metric]:
         m = self._media
@@ -78,6 +81,22 @@ class MediaCollector(Collector):
         yield _counter("media_cache_hits", "Decoded-image cache hits.", m.cache_hits)
         yield _counter("media_cache_misses", "Decoded-image cache misses.", m.cache_misses)
         yield _counter("media_images_decoded", "Images decoded.", m.images_decoded)
+        budget = self._pixels()
+        yield _gauge(
+            "image_pixels_in_flight",
+            "Decoded image pixels held by requests (bound: --max-image-pixels-in-flight).",
+            budget.in_flight,
+        )
+        yield _gauge(
+            "image_pixels_in_flight_peak",
+            "The most decoded image pixels requests have held at once since start.",
+            budget.peak,
+        )
+        yield _gauge(
+            "image_requests_waiting",
+            "Requests waiting for room in the decoded-pixel budget.",
+            budget.waiting,
+        )
 
 
 class RemotePrefillCollector(Collector):

@@ -94,6 +94,12 @@ class EngineConfig(BaseModel):
         description="Answer every request 'Hello world!' (the seeds' test logits processor; "
         "GATEWAY_ENABLE_TEST_LOGITS_PROCESSOR=1).",
     )
+    grammar_compile_timeout: float = Field(
+        10.0,
+        gt=0.0,
+        description="Seconds a request's constraint may take to compile in the built-in engine "
+        "(off its step loop) before the request fails with 400.",
+    )
     kv_handoff_timeout: float = Field(
         30.0, gt=0.0, description="Seconds a prefill instance keeps KV blocks nobody pulled."
     )

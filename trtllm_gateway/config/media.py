@@ -31,6 +31,13 @@ class MediaConfig(BaseModel):
     max_image_pixels: int = Field(
         40_000_000, ge=1, description="Largest image accepted, in pixels (width x height)."
     )
+    max_image_pixels_in_flight: int | None = Field(
+        None,
+        ge=0,
+        description="Decoded image pixels all requests may hold at once; a request waits up to "
+        "--media-fetch-timeout for room (then 503), more than all of it is a 400 (unset: 2 x "
+        "--max-image-pixels; 0: no bound).",
+    )
     max_images_per_request: int = Field(8, ge=0, description="Most images in one request.")
     max_redirects: int = Field(5, ge=0, description="Most redirects followed per image URL.")
     media_cache_bytes: int = Field(

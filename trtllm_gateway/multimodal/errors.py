@@ -5,6 +5,7 @@ Tree (app/errors.py reads status_code, message, param, type and code; nothing he
     MediaError
     ├── MediaRejectedError   400  bad input: scheme, address, size, pixels, format, path
     ├── MediaUpstreamError   502  the remote server failed (5xx, 408/429, connection error)
+    ├── MediaBusyError       503  no room in the decoded-pixel budget in time (Retry-After)
     └── MediaTimeoutError    504  the whole fetch outlived media_fetch_timeout
 """
 
@@ -39,6 +40,16 @@ class MediaUpstreamError(MediaError):
     type = "server_error"
 
     def __init__(self, message: str, *, code: str = "image_fetch_failed", param: str | None = None):
+        super().__init__(message, code=code, param=param)
+
+
+class MediaBusyError(MediaError):
+    """Other requests' images held the decoded-pixel budget for longer than the wait allowed."""
+
+    status_code = 503
+    type = "server_error"
+
+    def __init__(self, message: str, *, code: str = "image_budget_busy", param: str | None = None):
         super().__init__(message, code=code, param=param)
 
 

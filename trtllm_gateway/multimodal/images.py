@@ -30,6 +30,23 @@ def rgb_nbytes(image: Image.Image) -> int:
     return width * height * 3
 
 
+def image_pixels(data: bytes, *, max_pixels: int) -> int:
+    """width x height from the header alone, nothing decoded (blocking but quick: a thread).
+
+    The decoded-pixel budget is reserved with it before decode_image runs. Raises as
+    decode_image does for a header that is not a supported image or has too many pixels.
+    """
+    try:
+        with Image.open(io.BytesIO(data), formats=_available_formats()) as image:
+            return _checked_pixels(image, max_pixels)
+    except MediaRejectedError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise _too_many_pixels() from None
+    except Exception:  # Pillow raises many types for corrupt input; all mean "not an image"
+        raise _not_an_image() from None
+
+
 def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
     """Decode to a fully loaded RGB image (blocking: run it in a thread).
 
@@ -38,14 +55,7 @@ def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
     """
     try:
         with Image.open(io.BytesIO(data), formats=_available_formats()) as image:
-            width, height = image.size
-            if width <= 0 or height <= 0:
-                raise _not_an_image()
-            if width * height > max_pixels:
-                raise MediaRejectedError(
-                    f"image has {width}x{height} pixels, more than the {max_pixels} allowed",
-                    code="image_too_large",
-                )
+            _checked_pixels(image, max_pixels)
             image.load()
             return _to_rgb(image)
     except MediaRejectedError:
@@ -53,11 +63,25 @@ def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
     # Pillow's process-wide guard (MAX_IMAGE_PIXELS) can fire before our per-call check; its
     # warning is an exception where warnings are errors. Either way: too many pixels.
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise MediaRejectedError(
-            "image has more pixels than allowed", code="image_too_large"
-        ) from None
+        raise _too_many_pixels() from None
     except Exception:  # Pillow raises many types for corrupt input; all mean "not an image"
         raise _not_an_image() from None
+
+
+def _checked_pixels(image: Image.Image, max_pixels: int) -> int:
+    width, height = image.size
+    if width <= 0 or height <= 0:
+        raise _not_an_image()
+    if width * height > max_pixels:
+        raise MediaRejectedError(
+            f"image has {width}x{height} pixels, more than the {max_pixels} allowed",
+            code="image_too_large",
+        )
+    return width * height
+
+
+def _too_many_pixels() -> MediaRejectedError:
+    return MediaRejectedError("image has more pixels than allowed", code="image_too_large")
 
 
 def _available_formats() -> list[str]:

@@ -1,16 +1,18 @@
 """load_chat_images: the entry point routers call to turn chat `image_url` parts into ImageInputs.
 
-Every image of a request loads concurrently in one TaskGroup: the first failure cancels the rest,
-and cancelling the caller cancels them all (blocking work runs in asyncio.to_thread).
+Two passes, each over every image of the request concurrently in one TaskGroup (the first
+failure cancels the rest, and cancelling the caller cancels them all; blocking work runs in
+asyncio.to_thread): read each image and its size from the header, then, once the request's
+decoded pixels are reserved in the shared PixelBudget, decode them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 from PIL import Image
@@ -21,22 +23,31 @@ from trtllm_gateway.multimodal.cache import MediaCache
 from trtllm_gateway.multimodal.dataurl import decode_data_url, is_data_url
 from trtllm_gateway.multimodal.embeds import decode_embeds
 from trtllm_gateway.multimodal.errors import (
+    MediaBusyError,
     MediaError,
     MediaRejectedError,
     MediaTimeoutError,
     MediaUpstreamError,
 )
 from trtllm_gateway.multimodal.fetch import FetchLimits, fetch_url
-from trtllm_gateway.multimodal.images import decode_image, hash_image_bytes, rgb_nbytes
+from trtllm_gateway.multimodal.images import (
+    decode_image,
+    hash_image_bytes,
+    image_pixels,
+    rgb_nbytes,
+)
 from trtllm_gateway.multimodal.localfile import (
     is_local_reference,
     read_local_file,
     resolve_local_path,
 )
 from trtllm_gateway.multimodal.metrics import MediaMetrics, Outcome, Source
+from trtllm_gateway.multimodal.pixel_budget import PixelLease
 from trtllm_gateway.multimodal.ssrf import EgressPolicy
 
 IMAGE_NAMESPACE = "image/rgb"
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +101,15 @@ async def load_chat_images(
     cache: MediaCache,
     metrics: MediaMetrics | None = None,
     policy: EgressPolicy | None = None,
+    pixels: PixelLease | None = None,
 ) -> list[ImageInput]:
     """Load every image of a chat request, in order, as ImageInput(hash, RGB PIL image).
 
     Raises MediaError with param "messages[i].content[j].image_url" (400, 502 or 504); the
-    returned images are shared with the cache and must not be mutated.
+    returned images are shared with the cache and must not be mutated. `pixels`: the request's
+    lease on the shared budget; the images' pixels are reserved on it before any is decoded
+    (MediaBusyError 503 after media_fetch_timeout, 400 past the whole budget), and the caller
+    releases it once the images are dropped.
     """
     refs = list(iter_image_refs(messages))
     limit = config.max_images_per_request
@@ -109,11 +124,29 @@ async def load_chat_images(
     loader = _Loader(
         client, config, cache, metrics or MediaMetrics(), policy or egress_policy(config)
     )
-    if len(refs) == 1:
-        return [await loader.load(refs[0])]
+    try:
+        staged = await _each(loader.stage, refs, refs)
+        if pixels is not None:
+            await pixels.acquire(sum(s.pixels for s in staged), config.media_fetch_timeout)
+        return await _each(loader.finish, staged, refs)
+    except BaseException as exc:
+        if isinstance(exc, MediaError) and exc.param is None:
+            exc.param = "messages"  # the budget's refusal is about all the request's images
+        # Images read but never decoded: a sibling failed, or the budget refused or waited.
+        for s in loader.unfinished:
+            loader.record(s.ref, s.source, exc, s.nbytes)
+        raise
+
+
+async def _each(
+    load: Callable[[_T], Coroutine[Any, Any, _R]], items: Sequence[_T], refs: list[ImageRef]
+) -> list[_R]:
+    """load(item) for every item at once, in order; the earliest image's MediaError wins."""
+    if len(items) == 1:
+        return [await load(items[0])]
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(loader.load(ref)) for ref in refs]
+            tasks = [group.create_task(load(item)) for item in items]
     except BaseExceptionGroup as eg:
         raise _first_media_error(eg, refs) from None
     return [task.result() for task in tasks]
@@ -138,10 +171,11 @@ class _Loader:
     cache: MediaCache
     metrics: MediaMetrics
     policy: EgressPolicy
+    unfinished: list[_Staged] = field(default_factory=list)
 
-    async def load(self, ref: ImageRef) -> ImageInput:
+    async def stage(self, ref: ImageRef) -> _Staged:
+        """Read one image and size it (header only); a cache hit or an embedding is ready."""
         source: Source = "other"
-        outcome: Outcome = "cancelled"
         nbytes = 0
         try:
             if not isinstance(ref.url, str) or not ref.url:
@@ -150,17 +184,51 @@ class _Loader:
             data = await self._read(ref.url, source)
             nbytes = len(data)
             if ref.kind == "image_embeds":
-                image = await asyncio.to_thread(decode_embeds, data)
-            else:
-                image = await self._decode(data)
-            outcome = "ok"
-            return image
-        except MediaError as exc:
-            outcome = _outcome_of(exc)
-            exc.param = ref.param
+                embeds = await asyncio.to_thread(decode_embeds, data)
+                return self._staged(_Staged(ref, source, nbytes, ready=embeds))
+            image_hash = await asyncio.to_thread(hash_image_bytes, data)
+            cached = self.cache.get(IMAGE_NAMESPACE, image_hash)
+            if isinstance(cached, Image.Image):
+                self.metrics.cache_hits += 1
+                ready = ImageInput(hash=image_hash, payload=cached)
+                pixels = cached.width * cached.height
+                return self._staged(_Staged(ref, source, nbytes, pixels, ready=ready))
+            self.metrics.cache_misses += 1
+            max_pixels = self.config.max_image_pixels
+            pixels = await asyncio.to_thread(image_pixels, data, max_pixels=max_pixels)
+            staged = _Staged(ref, source, nbytes, pixels, data=data, image_hash=image_hash)
+            return self._staged(staged)
+        except BaseException as exc:
+            self.record(ref, source, exc, nbytes)
             raise
-        finally:
-            self.metrics.record(source, outcome, nbytes)
+
+    async def finish(self, staged: _Staged) -> ImageInput:
+        """The staged image decoded (its pixels already reserved), or as staged."""
+        self.unfinished.remove(staged)
+        try:
+            if staged.ready is not None:
+                image = staged.ready
+            else:
+                assert staged.data is not None
+                image = await self._decode(staged.data, staged.image_hash)
+        except BaseException as exc:
+            self.record(staged.ref, staged.source, exc, staged.nbytes)
+            raise
+        self.metrics.record(staged.source, "ok", staged.nbytes)
+        return image
+
+    def record(self, ref: ImageRef, source: Source, exc: BaseException, nbytes: int) -> None:
+        """One image's failed outcome; an image's own MediaError names its param."""
+        outcome: Outcome = "cancelled"
+        if isinstance(exc, MediaError):
+            outcome = _outcome_of(exc)
+            if exc.param is None:
+                exc.param = ref.param
+        self.metrics.record(source, outcome, nbytes)
+
+    def _staged(self, staged: _Staged) -> _Staged:
+        self.unfinished.append(staged)
+        return staged
 
     async def _read(self, url: str, source: Source) -> bytes:
         config = self.config
@@ -192,17 +260,25 @@ class _Loader:
         except TimeoutError:
             raise MediaTimeoutError("reading the local image file timed out") from None
 
-    async def _decode(self, data: bytes) -> ImageInput:
-        image_hash = await asyncio.to_thread(hash_image_bytes, data)
-        cached = self.cache.get(IMAGE_NAMESPACE, image_hash)
-        if isinstance(cached, Image.Image):
-            self.metrics.cache_hits += 1
-            return ImageInput(hash=image_hash, payload=cached)
-        self.metrics.cache_misses += 1
+    async def _decode(self, data: bytes, image_hash: str) -> ImageInput:
         image = await asyncio.to_thread(decode_image, data, max_pixels=self.config.max_image_pixels)
         self.metrics.images_decoded += 1
         self.cache.put(IMAGE_NAMESPACE, image_hash, image, rgb_nbytes(image))
         return ImageInput(hash=image_hash, payload=image)
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # by identity: unfinished.remove(staged)
+class _Staged:
+    """An image read and sized, not decoded yet: its bytes, or what is ready without decoding
+    (a cache hit, whose pixels count as the request's too while it holds them; an embedding)."""
+
+    ref: ImageRef
+    source: Source
+    nbytes: int
+    pixels: int = 0
+    data: bytes | None = None
+    image_hash: str = ""
+    ready: ImageInput | None = None
 
 
 def _read_confined(url: str, base: Path, config: MediaConfig) -> bytes:
@@ -222,7 +298,7 @@ def _source_of(url: str) -> Source:
 
 
 def _outcome_of(exc: MediaError) -> Outcome:
-    if isinstance(exc, MediaTimeoutError):
+    if isinstance(exc, MediaTimeoutError | MediaBusyError):
         return "timeout"
     if isinstance(exc, MediaUpstreamError):
         return "upstream_error"

@@ -4,7 +4,8 @@ The one core of the built-in engine. It runs wherever engine/core/loop.py runs i
 process, or a thread of the gateway with --no-engine-process), never on the event loop:
 admission (validation, in-flight ids, images, the seeded generator, the grammar's matcher), KV
 import and export for disaggregation, the stream interval, and the health snapshot each batch
-carries.
+carries. Image encodes and grammar builds run on threads of their own (core_vision.py,
+core_guided.py): a request waits outside the scheduler until they are done, so no step waits.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
+from trtllm_gateway.engine.builtin.core_guided import GuidedWorker
 from trtllm_gateway.engine.builtin.core_vision import VisionWorker
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
 from trtllm_gateway.engine.builtin.outcomes import Emitted
@@ -23,6 +25,7 @@ from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.builtin.vision.embedder import create_embedder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage
+from trtllm_gateway.engine.builtin.wakeup import Wakeup
 from trtllm_gateway.engine.core.image_body import images_from_body
 from trtllm_gateway.engine.core.messages import (
     Abort,
@@ -37,6 +40,7 @@ from trtllm_gateway.engine.core.messages import (
     Stop,
 )
 from trtllm_gateway.engine.core.stream_interval import StreamInterval
+from trtllm_gateway.engine.guided.matcher import RowMatcher
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
 from trtllm_gateway.engine.logits.load import args_of
 from trtllm_gateway.engine.protocol import (
@@ -63,6 +67,9 @@ class EngineCore:
         self.loaded: LoadedModel | None = None
         self._vision: VisionWorker | None = None
         self._encoding: dict[str, tuple[Add, bytes | None]] = {}  # images being encoded
+        self._guided: GuidedWorker | None = None
+        self._constraining: dict[str, _Deferred] = {}  # grammars being built
+        self._wakeup = Wakeup()  # set when an encode or a grammar build has finished
         self.info = EngineInfo(model_id="", max_model_len=0, vocab_size=0, eos_token_ids=())
         # The prefix cache's events, forwarded with each batch to the client's own log.
         self.kv_events = KvEventLog(config.engine.block_size, capacity=1 << 20)
@@ -72,8 +79,10 @@ class EngineCore:
         lm = self.loaded = load(self.config.engine, progress)
         if lm.vision is not None:
             embedder = create_embedder(lm.vision, self.config)
-            self._vision = VisionWorker(embedder, lm.max_model_len)
+            self._vision = VisionWorker(embedder, lm.max_model_len, self._wakeup.set)
         parts = self._parts = assemble(lm, self.config, self.kv_events)
+        timeout = self.config.engine.grammar_compile_timeout
+        self._guided = GuidedWorker(parts.guided, timeout, self._wakeup.set)
         self.info = parts.info
         remote = self._remote_encode_outcomes() is not None
         return Ready(
@@ -83,7 +92,7 @@ class EngineCore:
     # --- messages ---------------------------------------------------------------------------
     @property
     def wake_fd(self) -> int | None:
-        return None if self._vision is None else self._vision.wake_fd
+        return self._wakeup.fd
 
     def handle(self, msg: Inbound, frames: list[bytes]) -> tuple[Reply, bytes | None] | None:
         """Apply one message; an ExportKv is answered at once (the reply and its blob)."""
@@ -103,6 +112,7 @@ class EngineCore:
         elif isinstance(msg, Abort):
             self._pending += st.abort(msg.request_id)
             self._forget_encode(msg.request_id)
+            self._forget_guided(msg.request_id)
         elif isinstance(msg, ExportKv):
             try:
                 return Reply(msg.cookie), st.export_kv(msg.request_id)
@@ -116,8 +126,13 @@ class EngineCore:
             self._pending += st.abort_all()
             for request_id in list(self._encoding):
                 self._forget_encode(request_id)
+            for request_id in list(self._constraining):
+                self._forget_guided(request_id)
             if self._vision is not None:
                 self._vision.close()
+            if self._guided is not None:
+                self._guided.close()
+            self._wakeup.close()  # the loop polls no more: it sends its last batch and ends
         return None
 
     def has_work(self) -> bool:
@@ -126,14 +141,22 @@ class EngineCore:
         return st.scheduler.has_work() and not st.stalled
 
     def idle_timeout(self) -> float | None:
-        """How long the loop may sleep with no work: held KV hand-offs expire."""
-        return 1.0 if self._st.handoffs else None
+        """How long the loop may sleep with no work: held KV hand-offs and grammar builds
+        expire."""
+        waits = [1.0] if self._st.handoffs else []
+        build = None if self._guided is None else self._guided.next_deadline()
+        if build is not None:
+            waits.append(build + 0.001)
+        return min(waits, default=None)
 
     def step(self) -> None:
         """One engine step; its events wait in the batch. Raises only on an engine bug."""
         st = self._st
+        self._wakeup.clear()
         if self._vision is not None:
             self._admit_encoded(self._vision)
+        if self._guided is not None:
+            self._admit_constrained(self._guided)
         if st.handoffs:
             st.expire_handoffs(time.perf_counter())
         if st.scheduler.has_work():
@@ -210,9 +233,26 @@ class EngineCore:
             except EngineError as e:
                 self._pending.append((request_id, e))
 
+    def _admit_constrained(self, guided: GuidedWorker) -> None:
+        for request_id, built in guided.ready():
+            entry = self._constraining.pop(request_id, None)
+            if entry is None:
+                continue  # aborted while its grammar was built
+            try:
+                if not isinstance(built, RowMatcher):
+                    raise built
+                self._add(entry.req, entry.msg, entry.kv, entry.placed, built)
+            except EngineError as e:
+                self._pending.append((request_id, e))
+
     def _check_new(self, request_id: str) -> None:
         st = self._st
-        if request_id in st.seqs or request_id in st.handoffs or request_id in self._encoding:
+        if (
+            request_id in st.seqs
+            or request_id in st.handoffs
+            or request_id in self._encoding
+            or request_id in self._constraining
+        ):
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
 
     def _forget_encode(self, request_id: str) -> None:
@@ -221,10 +261,36 @@ class EngineCore:
             usage = Usage(len(entry[0].prompt_token_ids), 0)
             self._pending.append((request_id, TokenEvent((), None, "abort", usage=usage)))
 
+    def _forget_guided(self, request_id: str) -> None:
+        entry = self._constraining.pop(request_id, None)
+        if entry is not None:
+            if self._guided is not None:
+                self._guided.forget(request_id)
+            usage = Usage(len(entry.msg.prompt_token_ids), 0)
+            self._pending.append((request_id, TokenEvent((), None, "abort", usage=usage)))
+
     def _add(
-        self, req: GenerateRequest, msg: Add, kv: bytes | None, placed: tuple[object, ...] = ()
+        self,
+        req: GenerateRequest,
+        msg: Add,
+        kv: bytes | None,
+        placed: tuple[object, ...] = (),
+        matcher: RowMatcher | None = None,
     ) -> None:
-        seq, first = self._admit(req, msg, kv)
+        guided = req.sampling.guided
+        if guided is not None and matcher is None:
+            matcher = self._p.guided.cached_matcher(guided)
+        if guided is not None and matcher is None:
+            # Its matcher is built off the step loop; the request is admitted when it is ready.
+            self._check_new(msg.request_id)
+            assert self._guided is not None
+            self._constraining[msg.request_id] = _Deferred(req, msg, kv, placed)
+            if self.stopping:  # an Add behind the Stop: the build threads are gone
+                self._forget_guided(msg.request_id)
+                return
+            self._guided.submit(msg.request_id, guided)
+            return
+        seq, first = self._admit(req, msg, kv, matcher)
         if placed:
             seq.images = placed
             seq.mm_spans = tuple(
@@ -235,7 +301,7 @@ class EngineCore:
         self._pending += self._st.add(seq, first)
 
     def _admit(
-        self, req: GenerateRequest, msg: Add, kv_blob: bytes | None
+        self, req: GenerateRequest, msg: Add, kv_blob: bytes | None, matcher: RowMatcher | None
     ) -> tuple[Sequence, TokenEvent | None]:
         parts = self._p
         self._check_new(msg.request_id)  # an encoded request has left _encoding by now
@@ -243,12 +309,20 @@ class EngineCore:
         seq.hold_kv = msg.hold_kv
         if parts.logits:
             seq.logits_bound = parts.logits.bind(req.prompt_token_ids, args_of(req.sampling))
-        if req.sampling.guided is not None:
-            g = req.sampling.guided
-            seq.guided = parts.guided.cached_matcher(g) or parts.guided.matcher(g)
+        seq.guided = matcher
         first = None
         if msg.first_token_ids:
             first = parts.admission.import_first(
                 seq, msg.first_token_ids, msg.first_logprobs, kv_blob
             )
         return seq, first
+
+
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """A request waiting for its grammar's matcher: what _add needs to admit it then."""
+
+    req: GenerateRequest
+    msg: Add
+    kv: bytes | None
+    placed: tuple[object, ...]

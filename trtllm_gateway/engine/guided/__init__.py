@@ -13,9 +13,11 @@ asyncio.to_thread since a large schema takes milliseconds to compile):
     grammar_for(guided) -> str: the llguidance grammar for a constraint (cached, validated).
 
 Engines use engine.guided.matcher: GuidedFactory(model_dir, vocab_size, eos_ids).matcher(guided)
-gives a RowMatcher per request (a deep copy of one cached LLMatcher per (kind, spec)), which the
-engine feeds its output tokens (sync, idempotent) and asks for a token bitmask each step
-(fill_bitmask, apply_bitmask: one op for the batch, on CPU or CUDA).
+gives a RowMatcher per request (a deep copy of one cached LLMatcher per (kind, spec), its first
+mask already computed: llguidance builds its lexer there, which a few hostile bytes make take
+seconds, so the built-in engine calls it on a worker thread, engine/builtin/core_guided.py, never
+in a step), which the engine feeds its output tokens (sync, idempotent) and asks for a token
+bitmask each step (fill_bitmask, apply_bitmask: one op for the batch, on CPU or CUDA).
 """
 
 from trtllm_gateway.engine.guided.compile import DEFAULT_PARAMS, check_guided, grammar_for

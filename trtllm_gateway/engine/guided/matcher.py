@@ -52,35 +52,54 @@ class GuidedFactory:
             return self._tokenizer
 
     def cached_matcher(self, guided: GuidedDecoding) -> RowMatcher | None:
-        """A matcher at once (a ~10 us copy) when this constraint was built before, else None:
-        then call matcher() off the event loop."""
+        """A matcher at once when this constraint was built before, else None (then call
+        matcher() off the step loop). Cheap enough for the step loop: a deep copy (~10 us) of
+        a template kept only once its first mask worked, so the lexer the copy shares is
+        already built (a bomb's second request: 1 ms, its first: 0.5-2 s)."""
         with self._lock:
             template = self._templates.get((guided.kind, guided.spec))
         return None if template is None else RowMatcher(template.deep_copy(), guided.start_after)
 
     def matcher(self, guided: GuidedDecoding) -> RowMatcher:
-        """A fresh matcher for one request; call off the event loop and the step thread.
+        """A fresh matcher for one request, its first mask already computed; call off the
+        event loop and the step thread (engine/builtin/core_guided.py).
 
         Built once per (kind, spec) and kept untouched as a template (~1 ms for a schema,
-        more for big ones); each request gets a deep copy (~10 us).
+        more for big ones); each request gets a deep copy (~10 us). llguidance builds its
+        lexer lazily, on the first mask: a few bytes of regex (`a{1000000}`) cost seconds
+        there, so the first mask is computed here and never in a step. The copies share the
+        lexer the first one built, and later steps are bounded by llguidance's per-step
+        limits (step_lexer_fuel, step_max_items).
         """
         key = (guided.kind, guided.spec)
+        param = DEFAULT_PARAMS[guided.kind]
         with self._lock:
             template = self._templates.get(key)
             if template is not None:
                 self._templates.move_to_end(key)
+        cached = template is not None
         if template is None:
             template = LLMatcher(self.tokenizer(), grammar_for(guided), log_level=0)
             if template.is_error():
                 raise InvalidRequestError(
-                    f"constraint failed to start: {template.get_error()}",
-                    param=DEFAULT_PARAMS[guided.kind],
+                    f"constraint failed to start: {template.get_error()}", param=param
                 )
+            # The lexer's build, on a copy thrown away: the copy that computed it pays again
+            # on its next mask (0.1 s for `a{1000000}`), a fresh one does not (0.1 ms).
+            probe = RowMatcher(template.deep_copy(), guided.start_after)
+            fill_bitmask([probe], self.vocab_size, pin=False)
+            if probe.error is not None:
+                raise InvalidRequestError(f"constraint failed to start: {probe.error}", param=param)
+        row = RowMatcher(template.deep_copy(), guided.start_after)
+        fill_bitmask([row], self.vocab_size, pin=False)  # so the step's first mask is cached
+        if row.error is not None:
+            raise InvalidRequestError(f"constraint failed to start: {row.error}", param=param)
+        if not cached:  # kept only once its first mask worked
             with self._lock:
                 self._templates[key] = template
                 while len(self._templates) > _TEMPLATES:
                     self._templates.popitem(last=False)
-        return RowMatcher(template.deep_copy(), guided.start_after)
+        return row
 
 
 class RowMatcher:

@@ -15,7 +15,7 @@ from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.app.state import State
 from trtllm_gateway.engine.protocol import EngineInfo, ImageInput
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.multimodal import count_images, load_chat_images
+from trtllm_gateway.multimodal import PixelLease, count_images, load_chat_images
 from trtllm_gateway.openai.schemas import ChatMessage, ToolCall
 
 NO_IMAGES = "This model does not accept images."
@@ -23,9 +23,10 @@ IMAGE_PARTS = ("image_url", "image_embeds")  # an image, or its precomputed embe
 
 
 async def load_images(
-    messages: list[ChatMessage], info: EngineInfo, state: State
+    messages: list[ChatMessage], info: EngineInfo, state: State, pixels: PixelLease
 ) -> list[ImageInput]:
     """Every image of the request, in order; refuses before fetching when the model takes none.
+    Their decoded pixels are reserved on `pixels` (the request's lease on the shared budget).
 
     Raises BadRequestError, or MediaError (400/502/504, param messages[i].content[j].image_url).
     """
@@ -41,6 +42,7 @@ async def load_images(
         config=state.config.media,
         cache=state.media_cache,
         metrics=state.metrics.media,
+        pixels=pixels,
     )
 
 

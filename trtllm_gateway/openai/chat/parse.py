@@ -12,6 +12,7 @@ from trtllm_gateway.app.deps import Serving
 from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.app.state import State
 from trtllm_gateway.engine.protocol import GuidedDecoding
+from trtllm_gateway.multimodal import PixelLease
 from trtllm_gateway.openai import sampling
 from trtllm_gateway.openai.chat.images import load_images, template_messages
 from trtllm_gateway.openai.chat.reply import ReplyPlan
@@ -40,12 +41,17 @@ class ParsedChat:
 
 
 async def parse_chat(
-    body: ChatCompletionRequest, serving: Serving, state: State, run: Run
+    body: ChatCompletionRequest,
+    serving: Serving,
+    state: State,
+    run: Run,
+    pixels: PixelLease,
 ) -> ParsedChat:
-    """Checks, images, the chat template, then n choices over the one prompt."""
+    """Checks, images, the chat template, then n choices over the one prompt. `pixels`: the
+    request's lease on the decoded-pixel budget, released by the caller when the response ends."""
     _check(body, serving)
     constraint = build_constraint(body)  # its 400s before any templating or fetching
-    images = tuple(await load_images(body.messages, serving.info, state))
+    images = tuple(await load_images(body.messages, serving.info, state, pixels))
     messages = template_messages(body.messages, serving.tokenizer)
     prompt = await asyncio.to_thread(
         serving.tokenizer.encode_chat,

@@ -9,6 +9,7 @@ from fastapi.responses import Response
 from trtllm_gateway.app import request_context
 from trtllm_gateway.app.deps import Serving, ServingDep, StateDep
 from trtllm_gateway.app.state import State
+from trtllm_gateway.multimodal import PixelLease
 from trtllm_gateway.openai.chat.parse import parse_chat
 from trtllm_gateway.openai.chat.render import ChatRenderer
 from trtllm_gateway.openai.run import Run, admitted
@@ -24,13 +25,15 @@ async def create_chat_completion(
 ) -> Response:
     run = Run(serving, body, request_context.new_request_id("chatcmpl"))
     slot = serving.admission.reserve(body.n)  # before any work: 503 + Retry-After when full
-    return await admitted(slot, request, _chat_completion(body, serving, state, run))
+    pixels = state.metrics.pixels.lease()  # the images are dropped when the response ends
+    slot.on_release(pixels.release)
+    return await admitted(slot, request, _chat_completion(body, serving, state, run, pixels))
 
 
 async def _chat_completion(
-    body: ChatCompletionRequest, serving: Serving, state: State, run: Run
+    body: ChatCompletionRequest, serving: Serving, state: State, run: Run, pixels: PixelLease
 ) -> Response:
-    parsed = await parse_chat(body, serving, state, run)
+    parsed = await parse_chat(body, serving, state, run, pixels)
     outputs = [c.output for c in parsed.choices]
     renderer = ChatRenderer(
         run.envelope, body, serving.tokenizer, outputs, parsed.reply, parsed.prompt_tokens
