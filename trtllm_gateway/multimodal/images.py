@@ -7,7 +7,9 @@ no EPS (Ghostscript), no TIFF, no plugins that shell out.
 
 from __future__ import annotations
 
+import contextlib
 import io
+from collections.abc import Iterator
 from typing import Final
 
 from blake3 import blake3
@@ -36,15 +38,8 @@ def image_pixels(data: bytes, *, max_pixels: int) -> int:
     The decoded-pixel budget is reserved with it before decode_image runs. Raises as
     decode_image does for a header that is not a supported image or has too many pixels.
     """
-    try:
-        with Image.open(io.BytesIO(data), formats=_available_formats()) as image:
-            return _checked_pixels(image, max_pixels)
-    except MediaRejectedError:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise _too_many_pixels() from None
-    except Exception:  # Pillow raises many types for corrupt input; all mean "not an image"
-        raise _not_an_image() from None
+    with _opened(data) as image:
+        return _checked_pixels(image, max_pixels)
 
 
 def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
@@ -53,11 +48,18 @@ def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
     Raises MediaRejectedError for anything that is not a supported image, is truncated, or has
     more than max_pixels pixels (checked from the header, before decoding).
     """
+    with _opened(data) as image:
+        _checked_pixels(image, max_pixels)
+        image.load()
+        return _to_rgb(image)
+
+
+@contextlib.contextmanager
+def _opened(data: bytes) -> Iterator[Image.Image]:
+    """The image Pillow opens from data; whatever goes wrong inside is a MediaRejectedError."""
     try:
         with Image.open(io.BytesIO(data), formats=_available_formats()) as image:
-            _checked_pixels(image, max_pixels)
-            image.load()
-            return _to_rgb(image)
+            yield image
     except MediaRejectedError:
         raise
     # Pillow's process-wide guard (MAX_IMAGE_PIXELS) can fire before our per-call check; its
