@@ -3,13 +3,14 @@
 # Run from the repository root on the GPU machine; results go to $OUT (default /tmp/bench-gpu):
 #   OUT=/tmp/bench-gpu bash bench/gpu_suite.sh
 # Needs the project's Python dependencies importable (the device call adds carried wheels first).
-# STAGES picks parts (default all: "8b hf 135m"), so a run can be split over two calls of one
+# STAGES picks parts (default all: "8b 8bfp8 hf 135m"; 8bfp8 is 8b with --quantization fp8
+# --kv-cache-dtype fp8), so a run can be split over two calls of one
 # device lease that has a per-call time limit; the report reads whatever files are in $OUT.
 # Each HTTP-vs-offline ratio uses one prompt set (bench.offline and bench.serve draw the same
 # random ids from --seed 0), the same lengths, concurrency and engine settings on both sides.
 set -u
 OUT=${OUT:-/tmp/bench-gpu}
-STAGES=${STAGES:-8b hf 135m}
+STAGES=${STAGES:-8b 8bfp8 hf 135m}
 NUM8=${NUM8:-512}           # 8B requests, offline and over HTTP
 B8=${B8:-384}               # 8B --max-batch-size; offline --fit-batch caps it to what the KV holds
 NUM135=${NUM135:-512}       # 135M requests, offline and over HTTP
@@ -18,6 +19,7 @@ MODES135=${MODES135:-process thread}  # 135M one-token-per-chunk runs: --[no-]en
 SMALLTOK8=${SMALLTOK8:-}    # non-empty: also serve 8B with $TOK as is (ids past it stream nothing)
 PYSPY=${PYSPY:-}            # a py-spy binary: sample gateway and core in the 135M si=1 process run
 CONC=256
+FP8=""        # the fp8 stage sets it: engine flags every server and offline run of that stage gets
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -43,7 +45,7 @@ serve() {
   local name=$1 model=$2 mb=$3 si=$4 flag=$5 num=$6 profile=${7:-}
   echo "$(date -u +%T) serve $name"
   python3 -m trtllm_gateway serve --model "$model" $ENGINE --tokenizer "${SERVE_TOK:-$TOK}" \
-    --port $PORT --max-batch-size "$mb" --stream-interval "$si" "$flag" --log-level warning \
+    --port $PORT --max-batch-size "$mb" --stream-interval "$si" "$flag" --log-level warning $FP8 \
     > "$OUT/server_$name.log" 2>&1 &
   local server=$!
   python3 -c "from bench.serve import wait_ready; wait_ready('$URL', 300)" || {
@@ -94,21 +96,28 @@ if has 135m; then
 fi
 # 1 + 2: 8B batch-1 decode next to its roofline, then NUM8 x 1024/1024 at concurrency 256 offline,
 # then the same over HTTP with one token per chunk (engine process), at the batch offline fitted.
-if has 8b; then
-  echo "$(date -u +%T) offline 8b"
-  timeout 400 python3 -m bench.offline --model $M8 $COMMON --max-batch-size "$B8" --fit-batch \
-    --num-prompts "$NUM8" --concurrency $CONC --decode-latency --latency-output-len 256 \
-    > "$OUT/offline_8b.log" 2>&1
-  tail -1 "$OUT/offline_8b.log" > "$OUT/offline_8b.json"
-  fit=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_running'])" \
-    "$OUT/offline_8b.json" 2>/dev/null || echo "$B8")
-  # The 8B shape samples ids past $TOK's vocabulary, which would decode to nothing and stream
-  # no chunk; the padded copy makes every token a chunk, as a real Llama-3 tokenizer would.
+FP8=""
+# The 8B shape samples ids past $TOK's vocabulary, which would decode to nothing and stream
+# no chunk; the padded copy makes every token a chunk, as a real Llama-3 tokenizer would.
+if has 8b || has 8bfp8; then
   python3 -m bench.vocab_pad "$TOK" /tmp/tok-8b \
     "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" $M8)"
-  SERVE_TOK=/tmp/tok-8b serve 8b_si1 $M8 "$fit" 1 --engine-process "$NUM8"
-  [[ -n "${SMALLTOK8:-}" ]] && serve 8b_si1_smalltok $M8 "$fit" 1 --engine-process "$NUM8"
 fi
+for stage in 8b 8bfp8; do
+  has $stage || continue
+  FP8=""
+  [[ $stage == 8bfp8 ]] && FP8="--quantization fp8 --kv-cache-dtype fp8"
+  echo "$(date -u +%T) offline $stage"
+  timeout 400 python3 -m bench.offline --model $M8 $COMMON --max-batch-size "$B8" --fit-batch \
+    --num-prompts "$NUM8" --concurrency $CONC --decode-latency --latency-output-len 256 $FP8 \
+    > "$OUT/offline_$stage.log" 2>&1
+  tail -1 "$OUT/offline_$stage.log" > "$OUT/offline_$stage.json"
+  fit=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_running'])" \
+    "$OUT/offline_$stage.json" 2>/dev/null || echo "$B8")
+  [[ -n "${SERVE8:-1}" ]] && SERVE_TOK=/tmp/tok-8b serve ${stage}_si1 $M8 "$fit" 1 --engine-process "$NUM8"
+  [[ -n "${SMALLTOK8:-}" ]] && serve ${stage}_si1_smalltok $M8 "$fit" 1 --engine-process "$NUM8"
+done
+FP8=""
 # 2b: HF transformers generate, same shape and lengths, one static batch.
 has hf && python3 -m bench.hf_baseline --model $M8 --batch-sizes 128 64 > "$OUT/hf_8b.log" 2>&1
 has hf && tail -1 "$OUT/hf_8b.log" > "$OUT/hf_8b.json"

@@ -103,10 +103,13 @@ def roofline(engine: CoreClient, context: float) -> dict[str, Any]:
     lm = thread_core(engine).loaded
     assert lm is not None
     model, cfg = lm.model, lm.cfg
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # Parameters, and the weight buffers of FP8 layers (e4m3 weights and their scales).
+    weights = [*model.parameters()]
+    weights += [b for n, b in model.named_buffers() if n.endswith(("weight", "weight_scale"))]
+    weight_bytes = sum(p.numel() * p.element_size() for p in weights)
     if not cfg.tie_word_embeddings:  # an untied embedding table is read one row per token
         weight_bytes -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
-    kv_bytes = cfg.kv_elems_per_token * lm.dtype.itemsize * context
+    kv_bytes = cfg.kv_elems_per_token * lm.runner.kv_caches[0][0].element_size() * context
     bw = copy_bandwidth(torch.device("cuda")) if lm.device.type == "cuda" else float("nan")
     return {
         "weight_bytes": weight_bytes,
@@ -128,6 +131,8 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         "cuda_graphs": not args.no_cuda_graphs,
         "enable_prefix_caching": not args.no_prefix_caching,
         "block_size": args.block_size,
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
     }
     if args.tokenizer:
         kw["tokenizer"] = args.tokenizer
@@ -156,6 +161,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-fraction", type=float, default=0.9)
     p.add_argument("--num-kv-blocks", type=int, default=0)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--quantization", default="none", choices=["none", "int8", "fp8"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--decode-latency", action="store_true", help="also time batch-1 decode")
@@ -184,6 +191,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "block_size",
                 "cuda_graphs",
                 "enable_prefix_caching",
+                "quantization",
+                "kv_cache_dtype",
             }
         ),
     }

@@ -65,8 +65,19 @@ class EngineConfig(BaseModel):
         "TensorRT-LLM's stream_interval). Larger values stream bigger chunks and leave more "
         "time to the engine at high concurrency.",
     )
-    quantization: Literal["none", "int8"] = Field(
-        "none", description="int8: weight-only int8 copies for small CPU batches (CPU only)."
+    quantization: Literal["none", "int8", "fp8"] = Field(
+        "none",
+        description="int8: weight-only int8 copies for small CPU batches (CPU only). fp8: e4m3 "
+        "weights with per-channel scales, quantized at load (an FP8 checkpoint is read as it "
+        "is), per-token activation scales, FP8 tensor-core GEMMs (built-in engine, GPUs of "
+        "compute capability 8.9+: Ada, Hopper).",
+    )
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = Field(
+        "auto",
+        description="KV-cache storage. auto: the model dtype. fp8 (fp8_e4m3): e4m3 with one "
+        "scale per layer for K and V (the checkpoint's k_scale/v_scale, else 1.0), half the "
+        "bytes of bf16 (built-in: GPUs of compute capability 8.9+; trtllm: "
+        "kv_cache_config.dtype). Disaggregated siblings must use the same.",
     )
     packed_weights: Literal["auto", "int8", "off"] = Field(
         "auto",
@@ -119,6 +130,28 @@ class EngineConfig(BaseModel):
     vision_embed_cache_bytes: int = Field(
         256 * 1024 * 1024, ge=0, description="Image-embedding LRU cache size in bytes (0: off)."
     )
+
+    @model_validator(mode="after")
+    def _check_fp8(self) -> EngineConfig:
+        # Asked for on the CPU, FP8 is refused at once (a GPU without FP8 is refused at load).
+        fp8 = self.quantization == "fp8" or self.kv_cache_dtype != "auto"
+        if fp8 and self.engine == "builtin" and self.device == "cpu":
+            raise ValueError(
+                "--quantization fp8 and --kv-cache-dtype fp8 need an NVIDIA GPU of compute "
+                "capability 8.9+ (Ada, Hopper); the built-in engine's CPU path has no FP8"
+            )
+        if fp8 and self.dtype == "float32" and self.engine == "builtin":
+            raise ValueError("FP8 runs with bf16/fp16 activations: use --dtype auto or bfloat16")
+        if self.quantization == "fp8" and self.engine == "trtllm":
+            raise ValueError(
+                "--quantization fp8 is the built-in engine's; TensorRT-LLM reads FP8 from an FP8 "
+                "checkpoint's quantization config (pass one as --model)"
+            )
+        return self
+
+    @property
+    def fp8_kv(self) -> bool:
+        return self.kv_cache_dtype in ("fp8", "fp8_e4m3")
 
     @model_validator(mode="after")
     def _check_int8_activations(self) -> EngineConfig:

@@ -109,6 +109,8 @@ def trtllm_cli_args(engine: EngineConfig, trtllm: TrtllmConfig) -> dict[str, Any
     }
     if "block_size" in engine.model_fields_set:
         kv_cache["tokens_per_block"] = engine.block_size
+    if engine.fp8_kv:  # llm_args.py KvCacheConfig.dtype: "fp8" (syncs kv_cache_quant_algo)
+        kv_cache["dtype"] = "fp8"
     if trtllm.enable_kv_events:
         kv_cache["event_buffer_max_size"] = 1024
         kv_cache["enable_block_reuse"] = True  # KV events need block reuse

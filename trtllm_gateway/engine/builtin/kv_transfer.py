@@ -8,7 +8,12 @@ import torch
 
 from trtllm_gateway.engine.disagg import kv_wire
 
-_DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16)}
+_DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)}
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """An e4m3 cache moves as its bytes: gathers and index_copy_ need not support float8."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 def slots_for(
@@ -26,11 +31,13 @@ def export_kv(
     block_size: int,
 ) -> bytes:
     """Gather [layers, 2, tokens, kv_heads, head_dim] for the slots into one wire blob."""
-    t = torch.stack([torch.stack([k[slots], v[slots]]) for k, v in kv_caches]).cpu().contiguous()
+    dtype = kv_caches[0][0].dtype
+    t = torch.stack([torch.stack([_bytes_of(k)[slots], _bytes_of(v)[slots]]) for k, v in kv_caches])
+    t = t.cpu().contiguous()
     data = t.view(torch.uint8).numpy().tobytes()
     header = {
         "kv_layout": kv_layout,
-        "dtype": str(t.dtype),
+        "dtype": str(dtype),
         "shape": tuple(t.shape),
         "block_size": block_size,
         "num_tokens": int(slots.numel()),
@@ -56,7 +63,7 @@ def decode_kv(blob: bytes, kv_layout: str) -> tuple[int, torch.Tensor]:
 def import_kv(
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]], slots: torch.Tensor, kv: torch.Tensor
 ) -> None:
-    kv = kv.to(slots.device)
+    kv = _bytes_of(kv.to(slots.device))
     for layer, (k, v) in enumerate(kv_caches):
-        k.index_copy_(0, slots, kv[layer, 0])
-        v.index_copy_(0, slots, kv[layer, 1])
+        _bytes_of(k).index_copy_(0, slots, kv[layer, 0])
+        _bytes_of(v).index_copy_(0, slots, kv[layer, 1])

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from trtllm_gateway.config.engine import EngineConfig
+from trtllm_gateway.engine.builtin import fp8
 from trtllm_gateway.engine.builtin.attention import (
     AttentionMetadata,
     decode_kernel,
@@ -20,7 +21,14 @@ from trtllm_gateway.engine.builtin.attention import (
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm, is_built
 from trtllm_gateway.engine.builtin.cpu_threads import sized
-from trtllm_gateway.engine.builtin.model import MLP, Attention, LlamaModel, RMSNorm
+from trtllm_gateway.engine.builtin.fp8_checkpoint import Fp8Checkpoint
+from trtllm_gateway.engine.builtin.fp8_linear import quantize_fp8
+from trtllm_gateway.engine.builtin.model import (
+    MLP,
+    Attention,
+    LlamaModel,
+    RMSNorm,
+)
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
 from trtllm_gateway.engine.builtin.placement import pick_device, pick_dtype
@@ -71,6 +79,10 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
         model_dir = resolve_model(config.model, config.cache_dir)
         cfg = language_config(model_dir).with_generation_eos(model_dir)
     max_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    wants_fp8 = config.quantization == "fp8" or config.fp8_kv
+    if wants_fp8 and (reason := fp8.unsupported(device)) is not None:
+        raise ValueError(reason)
+    reader = Fp8Checkpoint()
     model = build_model(
         cfg,
         model_dir,
@@ -79,19 +91,22 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
         max_len,
         dummy=config.load_format == "dummy",
         seed=config.seed,
+        reader=reader,
     )
+    _apply_fp8(model, cfg, reader, config, device)
     if config.quantization == "int8":
         if device.type != "cpu":
             raise ValueError("--quantization int8 is for the CPU path; CUDA runs bf16")
         logger.info("int8 weight copies for %d linear layers", quantize_int8(model))
     elif config.packed_weights != "off" and device.type == "cpu" and dtype == torch.float32:
         _pack(model, int8=config.packed_weights == "int8", progress=progress)
-    num_blocks = _num_blocks(config, cfg, dtype, device)
+    kv_dtype = fp8.FP8 if config.fp8_kv else dtype
+    num_blocks = _num_blocks(config, cfg, kv_dtype, device)
     bs = config.block_size
     max_len = min(max_len, num_blocks * bs)
     slots = num_blocks * bs
     shape = (cfg.num_layers, 2, slots, cfg.num_kv_heads, cfg.head_dim)
-    kv = torch.zeros(shape, dtype=dtype, device=device)
+    kv = torch.zeros(shape, dtype=kv_dtype, device=device)
     kv_caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
     logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs, kv.nbytes / 2**30)
     blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
@@ -104,13 +119,44 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
         max_batch_size=config.max_batch_size,
         cuda_graphs=config.cuda_graphs,
     )
-    layout = f"{cfg.model_type}:{cfg.num_layers}x{cfg.num_kv_heads}x{cfg.head_dim}:{dtype}:bs{bs}"
+    # What disaggregated siblings must share to move KV blocks: the cache's dtype included.
+    layout = (
+        f"{cfg.model_type}:{cfg.num_layers}x{cfg.num_kv_heads}x{cfg.head_dim}:{kv_dtype}:bs{bs}"
+    )
     vision = None
     if model_dir is not None and is_vision_checkpoint(model_dir):
         vision = load_encoder(model_dir, dtype, device)
     return LoadedModel(
         cfg, model, model_dir, device, dtype, blocks, runner, max_len, layout, vision
     )
+
+
+def _apply_fp8(
+    model: LlamaModel,
+    cfg: ModelConfig,
+    reader: Fp8Checkpoint,
+    config: EngineConfig,
+    device: torch.device,
+) -> None:
+    """--quantization fp8 (the checkpoint's e4m3 weights where it has them) and the KV scales."""
+    if config.quantization == "fp8":
+        count = quantize_fp8(model, reader.given(cfg))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the dense weights' memory: the KV cache is sized next
+        source = "read from the checkpoint" if reader.is_fp8 else "quantized at load"
+        logger.info("FP8 weights (%s) for %d linear layers", source, count)
+    elif reader.is_fp8:
+        logger.warning(
+            "an FP8 checkpoint: its weights are dequantized to %s (--quantization fp8 runs them "
+            "as FP8)",
+            model.embed_tokens.weight.dtype,
+        )
+    if config.fp8_kv:
+        for i, layer in enumerate(model.decoder_layers):
+            got = reader.kv_scales.get(i, {})
+            layer.self_attn.kv_scales = (got.get("k", 1.0), got.get("v", 1.0))
+        scaled = "the checkpoint's scales" if reader.kv_scales else "scale 1.0"
+        logger.info("FP8 KV cache (e4m3, %s)", scaled)
 
 
 def _num_blocks(

@@ -65,6 +65,8 @@ class Attention(nn.Module):
         )
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.scale = self.hd**-0.5
+        # An e4m3 KV cache's (k_scale, v_scale): 1.0 unless the checkpoint has them (fp8.py).
+        self.kv_scales = (1.0, 1.0)
         # The CPU kernel (cpu_kernels/fused_ops.cpp) that rotates Q/K and stores K/V in one pass,
         # set by the loader with the decode kernel; attn_fn then finds the cache written.
         self.rope_store: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -102,8 +104,9 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         shape = (self.nq, self.nkv, self.hd)
-        q = ops.rope_and_store(qkv, positions, rope.cos, rope.sin, kv, meta.slot_mapping, shape)
-        o = ops.attention(q, kv, meta, self.scale)
+        cos, sin, sc = rope.cos, rope.sin, self.kv_scales
+        q = ops.rope_and_store(qkv, positions, cos, sin, kv, meta.slot_mapping, shape, sc)
+        o = ops.attention(q, kv, meta, self.scale, sc)
         return self.o_proj(o.view(x.shape[0], self.q_size))
 
 
@@ -213,13 +216,13 @@ class LlamaModel(nn.Module):
             at, mlp = layer.self_attn, layer.mlp
             qkv = at.qkv_proj(x)
             shape = (at.nq, at.nkv, at.hd)
-            rope = self.rope
-            q = ops.rope_and_store(qkv, positions, rope.cos, rope.sin, kv, meta.slot_mapping, shape)
-            o = ops.attention(q, kv, meta, at.scale)
-            ops.linear(o.view(t, at.q_size), at.o_proj.weight, residual=residual)
+            cos, sin, sc = self.rope.cos, self.rope.sin, at.kv_scales
+            q = ops.rope_and_store(qkv, positions, cos, sin, kv, meta.slot_mapping, shape, sc)
+            o = ops.attention(q, kv, meta, at.scale, sc)
+            ops.add_linear(o.view(t, at.q_size), at.o_proj, residual)
             x = ops.rms_norm(residual, layer.post_attention_layernorm.weight, eps)
             act = ops.silu_mul(mlp.gate_up_proj(x))
-            ops.linear(act, mlp.down_proj.weight, residual=residual)
+            ops.add_linear(act, mlp.down_proj, residual)
             nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.norm.weight
             x = ops.rms_norm(residual, nxt, eps)
         return x
@@ -236,7 +239,7 @@ class LlamaModel(nn.Module):
             name = canonical_name(raw_name)
             if "rotary_emb" in name or (self.cfg.tie_word_embeddings and name == "lm_head.weight"):
                 continue
-            target, offset = _packed_target(name, self.cfg)
+            target, offset = packed_target(name, self.cfg)
             if target not in params:
                 continue
             param = params[target]
@@ -256,7 +259,7 @@ def canonical_name(name: str) -> str:
 _SHARDS = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1}
 
 
-def _packed_target(name: str, cfg: ModelConfig) -> tuple[str, int]:
+def packed_target(name: str, cfg: ModelConfig) -> tuple[str, int]:
     """Our parameter name for an HF tensor name, and the row offset inside a fused projection."""
     param = name.removeprefix("model.")
     q_rows = cfg.num_heads * cfg.head_dim

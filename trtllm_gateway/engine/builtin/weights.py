@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from trtllm_gateway.engine.builtin.fp8_checkpoint import Fp8Checkpoint
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 
@@ -36,7 +37,10 @@ def build_model(
     max_positions: int,
     dummy: bool = False,
     seed: int = 0,
+    reader: Fp8Checkpoint | None = None,
 ) -> LlamaModel:
+    """reader: holds back an FP8 checkpoint's e4m3 weights and scales (--quantization fp8 reads
+    them from it after)."""
     t0 = time.perf_counter()
     with torch.device(device):
         # One spare position: the overlapped CUDA stepper may compute one token past the limit.
@@ -47,7 +51,8 @@ def build_model(
         _random_fill(model, seed)
     else:
         assert model_dir is not None
-        model.load_weights(iter_safetensors(model_dir))
+        tensors = iter_safetensors(model_dir)
+        model.load_weights(tensors if reader is None else reader.read(tensors))
     model.eval().requires_grad_(False)
     logger.info("model ready in %.1fs (%s, %s)", time.perf_counter() - t0, dtype, device)
     return model

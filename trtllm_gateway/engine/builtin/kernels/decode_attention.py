@@ -40,6 +40,7 @@ def _decode_split_kernel(
     stride_ob,
     stride_oh,
     scale,
+    v_scale,
     num_splits,
     SPLIT: tl.constexpr,  # num_splits > 1
     GROUP: tl.constexpr,
@@ -72,7 +73,8 @@ def _decode_split_kernel(
     den = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
     offs = tl.arange(0, BLOCK_N)
-    qk_scale = scale * 1.4426950408889634  # exp2 domain
+    qk_scale = scale * 1.4426950408889634  # exp2 domain; k_scale is folded into scale
+    cdt = q_ptr.dtype.element_ty  # an e4m3 cache is widened to the query's dtype
     for n0 in range(start, end, BLOCK_N):
         t = n0 + offs
         tmask = t < end
@@ -83,7 +85,7 @@ def _decode_split_kernel(
             k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
             mask=kv_mask,
             other=0.0,
-        )
+        ).to(cdt)
         if IEEE:  # noqa: SIM108 (a constexpr branch)
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -97,14 +99,14 @@ def _decode_split_kernel(
             v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
             mask=kv_mask,
             other=0.0,
-        )
+        ).to(cdt)
         if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v, input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v)
         m = m_new
 
-    o = acc / tl.maximum(den, 1e-30)[:, None]
+    o = acc * (v_scale / tl.maximum(den, 1e-30))[:, None]
     omask = gmask[:, None] & dmask[None, :]
     if not SPLIT:
         optr = out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
@@ -166,8 +168,10 @@ def decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,
     config: tuple[int, int, int] | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """q: [B, Hq, D]; caches: [slots, Hk, D]; block_tables: [B, W] int32; ctx_lens: [B] int32.
+    kv_scales: (k_scale, v_scale) of an e4m3 cache (1.0 for others).
 
     Returns [B, Hq, D] in q's dtype. Launch shapes depend only on B and num_splits, so the call
     can be captured in a CUDA graph.
@@ -207,7 +211,8 @@ def decode_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        scale,
+        scale * kv_scales[0],
+        kv_scales[1],
         num_splits,
         SPLIT=num_splits > 1,
         GROUP=group,

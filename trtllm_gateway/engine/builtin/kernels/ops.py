@@ -9,6 +9,7 @@ o_proj and down_proj into the residual stream in place.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
 from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
@@ -27,10 +28,12 @@ class KernelOps:
         """bf16/fp16 steps of at most MAX_ROWS tokens (fp32 keeps cuBLAS: tl.dot would be tf32)."""
         return self.skinny and 0 < x.shape[0] <= MAX_ROWS and x.dtype != torch.float32
 
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return skinny_linear(x, weight, residual)
+    def add_linear(self, x: torch.Tensor, layer: nn.Module, residual: torch.Tensor) -> None:
+        """residual += layer(x) in one skinny GEMM: an nn.Linear without bias, or an Fp8Linear
+        (e4m3 weight with its per-channel weight_scale)."""
+        assert layer.bias is None
+        scale = getattr(layer, "weight_scale", None)
+        skinny_linear(x, layer.weight, residual, scale=scale)
 
     def rms_norm(
         self,
@@ -53,9 +56,10 @@ class KernelOps:
         kv: tuple[torch.Tensor, torch.Tensor],
         slots: torch.Tensor,
         shape: tuple[int, int, int],
+        kv_scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
         nq, nkv, hd = shape
-        return rope_and_store(qkv, positions, cos, sin, kv[0], kv[1], slots, nq, nkv, hd)
+        return rope_and_store(qkv, positions, cos, sin, kv[0], kv[1], slots, nq, nkv, hd, kv_scales)
 
     def attention(
         self,
@@ -63,8 +67,10 @@ class KernelOps:
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         scale: float,
+        kv_scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
-        """q: [T, Hq, D] (rotated; its K/V already stored). Returns [T, Hq, D] contiguous."""
+        """q: [T, Hq, D] (rotated; its K/V already stored). Returns [T, Hq, D] contiguous.
+        kv_scales: the layer's (k_scale, v_scale) of an e4m3 cache."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decodes
         if nd:
@@ -79,6 +85,7 @@ class KernelOps:
                 self.page,
                 meta.decode_splits,
                 out=out[:nd],
+                kv_scales=kv_scales,
             )
         pf = meta.prefill
         if pf is not None:
@@ -94,5 +101,6 @@ class KernelOps:
                 pf.tiles,
                 scale,
                 self.page,
+                kv_scales,
             )
         return out

@@ -35,6 +35,7 @@ def _prefill_kernel(
     stride_oh,
     stride_btb,
     scale,
+    v_scale,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -66,7 +67,8 @@ def _prefill_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     den = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    qk_scale = scale * 1.4426950408889634
+    qk_scale = scale * 1.4426950408889634  # k_scale is folded into scale
+    cdt = q_ptr.dtype.element_ty  # an e4m3 cache is widened to the query's dtype
     hi = tl.minimum(ctx, ctx - qn + m0 + BLOCK_M)  # keys past the tile's last row are never seen
     offs = tl.arange(0, BLOCK_N)
     for n0 in range(0, hi, BLOCK_N):
@@ -79,7 +81,7 @@ def _prefill_kernel(
             k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
             mask=kv_mask,
             other=0.0,
-        )
+        ).to(cdt)
         if IEEE:  # noqa: SIM108 (a constexpr branch)
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -94,14 +96,14 @@ def _prefill_kernel(
             v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
             mask=kv_mask,
             other=0.0,
-        )
+        ).to(cdt)
         if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v, input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(cdt), v)
         m = m_new
 
-    o = acc / tl.maximum(den, 1e-30)[:, None]
+    o = acc * (v_scale / tl.maximum(den, 1e-30))[:, None]
     tl.store(
         out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
         o.to(out_ptr.dtype.element_ty),
@@ -133,8 +135,10 @@ def prefill_attention(
     tiles: torch.Tensor,
     scale: float,
     page: int,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """q, out: [T, Hq, D] packed; tiles: [2 * n_tiles] int32 from prefill_tiles.
+    kv_scales: (k_scale, v_scale) of an e4m3 cache (1.0 for others).
 
     block_tables/ctx_lens/q_starts/q_lens are indexed by the sequence rows named in tiles.
     """
@@ -164,7 +168,8 @@ def prefill_attention(
         out.stride(0),
         out.stride(1),
         block_tables.stride(0),
-        scale,
+        scale * kv_scales[0],
+        kv_scales[1],
         GROUP=hq // hk,
         HEAD_DIM=dim,
         D_PAD=d_pad,

@@ -3,6 +3,7 @@
 Rotates the query heads in place inside the qkv projection output (rotate-half form, float32
 math as in the portable path), rotates the key heads and writes them with the value heads to the
 cache slot of the token. A negative slot (a padded CUDA-graph row) writes nothing to the cache.
+An e4m3 cache (--kv-cache-dtype fp8) stores K / k_scale and V / v_scale, rounded (fp8.quantize_kv).
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ def _rope_store_kernel(
     stride_kh,
     stride_vs,
     stride_vh,
+    inv_k_scale,
+    inv_v_scale,
     NQ: tl.constexpr,
     NKV: tl.constexpr,
     NQ_PAD: tl.constexpr,
     NKV_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
+    FP8_KV: tl.constexpr,
 ) -> None:
     t = tl.program_id(0)
     pos = tl.load(pos_ptr + t)
@@ -59,13 +63,22 @@ def _rope_store_kernel(
     k2 = tl.load(k1p + half, mask=kmask, other=0.0).to(tl.float32)
     kc = k_cache_ptr + slot * stride_ks + hk[:, None] * stride_kh + j[None, :]
     ety = k_cache_ptr.dtype.element_ty
-    tl.store(kc, (k1 * cos - k2 * sin).to(ety), mask=kmask)
-    tl.store(kc + half, (k2 * cos + k1 * sin).to(ety), mask=kmask)
-
+    k_lo = k1 * cos - k2 * sin
+    k_hi = k2 * cos + k1 * sin
     v1p = row + (NQ + NKV + hk[:, None]) * HEAD_DIM + j[None, :]
     vc = v_cache_ptr + slot * stride_vs + hk[:, None] * stride_vh + j[None, :]
-    tl.store(vc, tl.load(v1p, mask=kmask, other=0.0), mask=kmask)
-    tl.store(vc + half, tl.load(v1p + half, mask=kmask, other=0.0), mask=kmask)
+    if FP8_KV:  # scaled, and clamped: e4m3 has no infinity to round an overflow to
+        tl.store(kc, tl.clamp(k_lo * inv_k_scale, -448.0, 448.0).to(ety), mask=kmask)
+        tl.store(kc + half, tl.clamp(k_hi * inv_k_scale, -448.0, 448.0).to(ety), mask=kmask)
+        v_lo = tl.load(v1p, mask=kmask, other=0.0).to(tl.float32) * inv_v_scale
+        v_hi = tl.load(v1p + half, mask=kmask, other=0.0).to(tl.float32) * inv_v_scale
+        tl.store(vc, tl.clamp(v_lo, -448.0, 448.0).to(ety), mask=kmask)
+        tl.store(vc + half, tl.clamp(v_hi, -448.0, 448.0).to(ety), mask=kmask)
+    else:
+        tl.store(kc, k_lo.to(ety), mask=kmask)
+        tl.store(kc + half, k_hi.to(ety), mask=kmask)
+        tl.store(vc, tl.load(v1p, mask=kmask, other=0.0), mask=kmask)
+        tl.store(vc + half, tl.load(v1p + half, mask=kmask, other=0.0), mask=kmask)
 
 
 def rope_and_store(
@@ -79,8 +92,10 @@ def rope_and_store(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
-    """qkv: [T, (Hq + 2 Hk) D], unit last stride. Returns the rotated queries, [T, Hq, D]."""
+    """qkv: [T, (Hq + 2 Hk) D], unit last stride. Returns the rotated queries, [T, Hq, D].
+    kv_scales: the layer's (k_scale, v_scale) of an e4m3 cache (unused otherwise)."""
     t = qkv.shape[0]
     assert qkv.stride(1) == 1 and cos.stride(1) == 1
     if t:
@@ -98,12 +113,15 @@ def rope_and_store(
             k_cache.stride(1),
             v_cache.stride(0),
             v_cache.stride(1),
+            1.0 / kv_scales[0],
+            1.0 / kv_scales[1],
             NQ=num_heads,
             NKV=num_kv_heads,
             NQ_PAD=triton.next_power_of_2(num_heads),
             NKV_PAD=triton.next_power_of_2(num_kv_heads),
             HEAD_DIM=head_dim,
             HALF_PAD=triton.next_power_of_2(head_dim // 2),
+            FP8_KV=k_cache.dtype == torch.float8_e4m3fn,
             num_warps=4,
         )
     return qkv[:, : num_heads * head_dim].view(t, num_heads, head_dim)

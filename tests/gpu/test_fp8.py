@@ -1,0 +1,216 @@
+"""FP8 on the GPU (--quantization fp8, --kv-cache-dtype fp8; issue 26): every kernel against
+engine/builtin/fp8.py's arithmetic in float64, each layer's error against bf16, and the engine
+end to end on random weights (CUDA graphs, prefix cache, chunked prefill, KV hand-off)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.configs import builtin_config
+from tests.gpu.test_greedy_equivalence import engine_greedy, shape_file
+from tests.gpu.test_kernels import CUDA, paged_cache, ref_attention, rel_err, tables
+from tests.unit.test_fp8_math import check_kv_handoff
+from trtllm_gateway.engine.builtin import fp8
+from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
+from trtllm_gateway.engine.core.client import CoreClient
+from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
+
+
+def test_this_gpu_has_fp8() -> None:
+    assert fp8.unsupported(CUDA) is None
+
+
+def test_row_quantization_kernel_is_the_reference() -> None:
+    from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
+
+    x = (torch.randn(37, 4096, device=CUDA) * torch.logspace(-2, 2, 37, device=CUDA)[:, None]).to(
+        torch.bfloat16
+    )
+    x[5] = 0
+    q, s = quantize_rows(x)
+    q_ref, s_ref = fp8.quantize_rows(x)
+    torch.testing.assert_close(s, s_ref)
+    # Division in float32 on both sides: the same e4m3 bytes (a last-ulp tie may differ).
+    same = (q.view(torch.uint8) == q_ref.view(torch.uint8)).float().mean()
+    assert same > 0.999, same
+
+
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 64, 300])
+@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (6144, 4096), (4096, 14336), (1536, 576)])
+def test_fp8_linear_per_layer_error(rows: int, n: int, k: int) -> None:
+    from trtllm_gateway.engine.builtin.fp8_linear import Fp8Linear
+
+    lin = torch.nn.Linear(k, n, bias=False, device=CUDA).to(torch.bfloat16)
+    torch.nn.init.normal_(lin.weight, 0.0, 0.02)
+    layer = Fp8Linear.from_linear(lin)
+    x = torch.randn(rows, k, device=CUDA).to(torch.bfloat16)
+    out = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
+    w = layer.weight.double() * layer.weight_scale.double()[:, None]
+    if rows <= 16:  # skinny kernel: e4m3 weights, bf16 activations
+        ref = x.double() @ w.T
+    else:  # torch._scaled_mm: both operands e4m3
+        ref = fp8.fake_linear(x.double(), layer.weight, layer.weight_scale, None).double()
+    assert rel_err(out, ref) < 1e-2
+    dense = rel_err(out, x.double() @ lin.weight.double().T)
+    assert dense < 0.06, dense  # against bf16: e4m3's rounding of the operands, a few percent
+    # Into a residual (the skinny path's o_proj / down_proj).
+    if rows <= 16:
+        from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
+
+        res = torch.randn(rows, n, device=CUDA).to(torch.bfloat16)
+        want = res.double() + x.double() @ w.T
+        KernelOps(16).add_linear(x, layer, res)
+        assert rel_err(res, want) < 1e-2
+
+
+def fp8_cache(num_blocks: int, page: int, hk: int, d: int, scales: tuple[float, float]):  # type: ignore[no-untyped-def]
+    k, v = paged_cache(num_blocks, page, hk, d, torch.float32)
+    kq, vq = fp8.quantize_kv(k * 3, scales[0]), fp8.quantize_kv(v, scales[1])
+    return kq, vq, kq.float() * scales[0], vq.float() * scales[1]
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 0.125)])
+def test_decode_attention_reads_an_fp8_cache(splits: int, scales: tuple[float, float]) -> None:
+    from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
+
+    hq, hk, d, page = 32, 8, 128, 16
+    lens = [1, 17, 300, 1000, 64]
+    kq, vq, k, v = fp8_cache(200, page, hk, d, scales)
+    bt = tables(lens, page, 200)
+    q = torch.randn(len(lens), hq, d, device=CUDA).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    ctx = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    decode_attention(q, kq, vq, bt, ctx, d**-0.5, page, splits, out=out, kv_scales=scales)
+    for i, n in enumerate(lens):
+        ref = ref_attention(q[i : i + 1], k, v, bt[i], n, page, [n - 1])[0]
+        assert rel_err(out[i], ref) < 1e-2, (i, n)
+
+
+def test_prefill_attention_reads_an_fp8_cache() -> None:
+    from trtllm_gateway.engine.builtin.kernels.prefill_attention import (
+        prefill_attention,
+        prefill_tiles,
+    )
+
+    hq, hk, d, page, scales = 32, 8, 128, 16, (0.5, 0.25)
+    seqs = [(40, 40), (300, 77), (1000, 200), (65, 1)]
+    kq, vq, k, v = fp8_cache(300, page, hk, d, scales)
+    bt = tables([c for c, _ in seqs], page, 300)
+    total = sum(n for _, n in seqs)
+    q = torch.randn(total, hq, d, device=CUDA).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    starts = [sum(n for _, n in seqs[:i]) for i in range(len(seqs))]
+    i32 = {"dtype": torch.int32, "device": CUDA}
+    tiles = prefill_tiles(list(range(len(seqs))), [n for _, n in seqs])
+    prefill_attention(
+        q,
+        kq,
+        vq,
+        out,
+        bt,
+        torch.tensor([c for c, _ in seqs], **i32),
+        torch.tensor(starts, **i32),
+        torch.tensor([n for _, n in seqs], **i32),
+        torch.tensor(tiles, **i32),
+        d**-0.5,
+        page,
+        scales,
+    )
+    for i, (c, n) in enumerate(seqs):
+        rows = slice(starts[i], starts[i] + n)
+        ref = ref_attention(q[rows], k, v, bt[i], c, page, list(range(c - n, c)))
+        assert rel_err(out[rows], ref) < 1e-2, (i, c, n)
+
+
+def test_rope_and_store_into_an_fp8_cache() -> None:
+    from trtllm_gateway.engine.builtin.kernels.rope_store import rope_and_store
+    from trtllm_gateway.engine.builtin.model_config import ModelConfig
+    from trtllm_gateway.engine.builtin.rope import RotaryEmbedding
+
+    cfg = ModelConfig.from_file(Path("trtllm_gateway/config/models/llama-3.1-8b.json"))
+    rope = RotaryEmbedding(cfg, 4096).to(CUDA)
+    nq, nkv, hd, t, scales = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 37, (0.5, 2.0)
+    qkv = (torch.randn(t, (nq + 2 * nkv) * hd, device=CUDA) * 4).to(torch.bfloat16)
+    qkv[0, nq * hd] = 1000.0  # past 448 x k_scale: saturates, no NaN
+    pos = torch.randint(0, 4096, (t,), device=CUDA)
+    slots = torch.randperm(200, device=CUDA)[:t]
+    kc = torch.zeros((200, nkv, hd), device=CUDA).to(fp8.FP8)
+    vc = torch.zeros_like(kc)
+    k_in = qkv[:, nq * hd : (nq + nkv) * hd].reshape(t, nkv, hd).float()
+    _, k_ref = rope(pos, qkv[:, : nq * hd].reshape(t, nq, hd).float(), k_in)
+    v_ref = qkv[:, (nq + nkv) * hd :].view(t, nkv, hd).float()
+    rope_and_store(qkv, pos, rope.cos, rope.sin, kc, vc, slots, nq, nkv, hd, scales)
+    got_k = kc[slots].view(torch.uint8)
+    want_k = fp8.quantize_kv(k_ref, scales[0]).view(torch.uint8)
+    assert (got_k == want_k).float().mean() > 0.99  # rotation rounding may move a tie
+    assert torch.equal(
+        vc[slots].view(torch.uint8), fp8.quantize_kv(v_ref, scales[1]).view(torch.uint8)
+    )
+    assert torch.isfinite(kc.float()).all()
+    assert rel_err(kc[slots].float() * scales[0], k_ref) < 0.04
+
+
+def engine(tmp_path: Path, layers: int, graphs: bool, **fp8_flags: str) -> CoreClient:
+    shape = shape_file(tmp_path, "llama-3.1-8b", layers)
+    config = builtin_config(
+        model=str(shape),
+        load_format="dummy",
+        device="cuda",
+        max_model_len=512,
+        num_kv_blocks=256,
+        max_batch_size=8,
+        max_num_tokens=64,  # the 70-token prompt is prefilled in two chunks
+        cuda_graphs=graphs,
+        **fp8_flags,
+    )
+    return core_client(config, in_thread=True)
+
+
+async def teacher_forced(eng: CoreClient, seq: list[int], rid: str) -> torch.Tensor:
+    sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    lps = []
+    async for ev in eng.generate(GenerateRequest(rid, tuple(seq), sp)):
+        if ev.prompt_logprobs:
+            lps = [lp.logprob for lp in ev.prompt_logprobs[1:]]
+    return torch.tensor(lps)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+async def test_fp8_engine_end_to_end(tmp_path: Path, graphs: bool) -> None:
+    """The 8B shape cut to 2 layers, random weights: FP8 weights and KV against bf16 on the same
+    weights, teacher-forced on one sequence; greedy decoding is repeatable, a prefix-cache hit
+    continues as the cold run did, and the layers are Fp8Linear with an e4m3 cache."""
+    from trtllm_gateway.engine.builtin.fp8_linear import Fp8Linear
+
+    bf16 = engine(tmp_path, 2, graphs)
+    f8 = engine(tmp_path, 2, graphs, quantization="fp8", kv_cache_dtype="fp8")
+    await bf16.start()
+    await f8.start()
+    try:
+        lm = thread_core(f8).loaded
+        assert lm is not None
+        assert lm.runner.kv_caches[0][0].dtype == fp8.FP8
+        assert sum(isinstance(m, Fp8Linear) for m in lm.model.modules()) == 8
+        assert "float8_e4m3fn" in f8.info.kv_layout and "bfloat16" in bf16.info.kv_layout
+        rng = random.Random(0)
+        seq = [rng.randrange(100, 30000) for _ in range(300)]
+        gap = (await teacher_forced(f8, seq, "a") - await teacher_forced(bf16, seq, "b")).abs()
+        print(f"fp8 vs bf16 (2-layer 8B, random): mean {gap.mean():.4f} max {gap.max():.4f}")
+        assert gap.mean() < 0.1 and gap.max() < 1.0, (gap.mean(), gap.max())
+        prompts = [[rng.randrange(100, 30000) for _ in range(n)] for n in (5, 23, 70)]
+        first = await engine_greedy(f8, prompts)
+        again = await engine_greedy(f8, prompts)  # prefix hits for all three
+        assert first == again
+    finally:
+        await bf16.stop()
+        await f8.stop()
+
+
+def test_kv_handoff_moves_fp8_bytes_on_the_gpu() -> None:
+    check_kv_handoff(CUDA)
