@@ -138,6 +138,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--profile-batch", type=int, default=1)
     p.add_argument("--sweeps", action="store_true", help="attention and GEMV config sweeps")
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     args = p.parse_args()
     config = EngineConfig(
         model=args.model,
@@ -146,6 +148,8 @@ def main() -> None:
         max_batch_size=max(args.batches),
         max_num_tokens=8192,
         kv_cache_fraction=0.5,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     lm = load(config)
     kp = lm.runner.kernels
@@ -153,13 +157,19 @@ def main() -> None:
     g = kp.graphs
     cfg = lm.cfg
     for k, v in lm.runner.kv_caches:
-        k.normal_()
-        v.normal_()
+        if k.element_size() == 1:  # e4m3: small positive bytes (0x7f would be NaN)
+            k.view(torch.uint8).random_(0, 0x60)
+            v.view(torch.uint8).random_(0, 0x60)
+        else:
+            k.normal_()
+            v.normal_()
     bw = copy_bandwidth(torch.device("cuda"))
     report: dict[str, Any] = {"copy_GBps": bw / 1e9, "steps": {}}
-    weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    tensors = [*lm.model.parameters()]  # and FP8 layers' e4m3 weights and scales
+    tensors += [b for n, b in lm.model.named_buffers() if n.endswith(("weight", "weight_scale"))]
+    weights = sum(p.numel() * p.element_size() for p in tensors)
     weights -= lm.model.embed_tokens.weight.numel() * lm.model.embed_tokens.weight.element_size()
-    kv_tok = cfg.kv_elems_per_token * lm.dtype.itemsize
+    kv_tok = cfg.kv_elems_per_token * lm.runner.kv_caches[0][0].element_size()
     assert lm.model.ops is not None
     for skinny in (True, False):
         lm.model.ops.skinny = skinny

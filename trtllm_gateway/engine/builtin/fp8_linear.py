@@ -1,10 +1,10 @@
 """Fp8Linear: an nn.Linear whose weight is e4m3 with per-output-channel scales (--quantization fp8).
 
-On CUDA, steps of at most skinny_gemm.MAX_ROWS tokens (decode at small batch, where reading the
-weights is the cost) run the skinny kernel on the e4m3 weight with bf16 activations; larger steps
-quantize the activations per token (kernels/fp8_quant.py) and run torch._scaled_mm with row-wise
-scales on the FP8 tensor cores. Off CUDA, forward emulates the large-step arithmetic (fp8.py's
-fake_linear): what the CPU tests measure against float32. The dense weight is dropped: the layer
+On CUDA the activations are quantized per token (kernels/fp8_quant.py) and multiplied on the FP8
+tensor cores: steps of at most skinny_gemm.MAX_ROWS tokens (decode at small batch, where reading
+the weights is the cost) by the skinny kernel, larger ones by torch._scaled_mm with row-wise
+scales; both compute fp8.fake_linear's arithmetic. Off CUDA, forward is fake_linear itself: what
+the CPU tests measure against float32. The dense weight is dropped: the layer
 holds one byte a weight.
 """
 
@@ -49,11 +49,11 @@ class Fp8Linear(nn.Module):
         if not x.is_cuda:
             return fp8.fake_linear(x, self.weight, self.weight_scale, self.bias)
         from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
-        from trtllm_gateway.engine.builtin.kernels.skinny_gemm import MAX_ROWS, skinny_linear
+        from trtllm_gateway.engine.builtin.kernels.skinny_gemm import MAX_ROWS, skinny_fp8
 
         flat = x.reshape(-1, x.shape[-1])
         if flat.shape[0] <= MAX_ROWS:
-            out = skinny_linear(flat.contiguous(), self.weight, scale=self.weight_scale)
+            out = skinny_fp8(flat.contiguous(), self.weight, self.weight_scale)
             if self.bias is not None:
                 out += self.bias
         else:

@@ -16,7 +16,7 @@ from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attent
 from trtllm_gateway.engine.builtin.kernels.fused_ops import rms_norm, silu_mul
 from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_attention
 from trtllm_gateway.engine.builtin.kernels.rope_store import rope_and_store
-from trtllm_gateway.engine.builtin.kernels.skinny_gemm import MAX_ROWS, skinny_linear
+from trtllm_gateway.engine.builtin.kernels.skinny_gemm import MAX_ROWS, skinny_fp8, skinny_linear
 
 
 class KernelOps:
@@ -33,7 +33,10 @@ class KernelOps:
         (e4m3 weight with its per-channel weight_scale)."""
         assert layer.bias is None
         scale = getattr(layer, "weight_scale", None)
-        skinny_linear(x, layer.weight, residual, scale=scale)
+        if scale is None:
+            skinny_linear(x, layer.weight, residual)
+        else:
+            skinny_fp8(x, layer.weight, scale, residual)
 
     def rms_norm(
         self,

@@ -6,9 +6,10 @@ added in place (HF Llama's rounding), which saves cuBLAS's split-K reduce kernel
 add. Measured on an H200 (M = 1, graph replay): o_proj 87% of copy bandwidth against cuBLAS's
 78%, down_proj 91% against 91%.
 
-FP8 weights (--quantization fp8): W is e4m3 with one float32 scale per output channel; a tile is
-widened to x's dtype in registers and the scale applied to the float32 sum, so a decode step
-reads one byte a weight (weight-only FP8 for small batches: no activation quantization pass).
+FP8 weights (--quantization fp8): W is e4m3 with one float32 scale per output channel, x is
+quantized per row to e4m3 first, and the tiles meet in the FP8 tensor-core dot; both scales are
+applied to the float32 sum. Widening W to bf16 in registers instead reached only 37-65% of copy
+bandwidth on an H200 (the e4m3 dot: 47-88%; bench/tune_fp8_gemv.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def _skinny_kernel(
     x_ptr,
     w_ptr,
     scale_ptr,
+    xscale_ptr,
     out_ptr,
     M,
     N,
@@ -34,6 +36,7 @@ def _skinny_kernel(
     stride_om,
     RESIDUAL: tl.constexpr,
     SCALED: tl.constexpr,
+    WIDEN: tl.constexpr,  # e4m3 weights: 0 widen to the output dtype, 1 to fp16, 2 e4m3 dot
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ) -> None:
@@ -58,9 +61,16 @@ def _skinny_kernel(
             mask=nmask[:, None] & kmask[None, :],
             other=0.0,
         )
-        acc += tl.dot(xv.to(dt), tl.trans(w.to(dt)))
+        if WIDEN == 1:
+            acc += tl.dot(xv.to(tl.float16), tl.trans(w.to(tl.float16)))
+        elif WIDEN == 2:  # x is e4m3 too (quantized per row): the FP8 tensor-core dot
+            acc += tl.dot(xv, tl.trans(w))
+        else:
+            acc += tl.dot(xv.to(dt), tl.trans(w.to(dt)))
     if SCALED:
         acc *= tl.load(scale_ptr + n, mask=nmask, other=0.0)[None, :]
+    if WIDEN == 2:
+        acc *= tl.load(xscale_ptr + m, mask=mmask, other=0.0)[:, None]
     omask = mmask[:, None] & nmask[None, :]
     optr = out_ptr + m[:, None].to(tl.int64) * stride_om + n[None, :]
     val = acc.to(dt)
@@ -78,19 +88,30 @@ def skinny_linear(
     block_n: int = 32,
     block_k: int = 256,
     num_stages: int = 4,
+    num_warps: int = 4,
+    widen: int = 0,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x: [M, K], M <= 16; weight: [N, K] (e4m3 with scale: [N] float32). With residual [M, N]:
     residual += x @ W.T, returned. The output is in x's dtype."""
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and x.stride(1) == 1 and weight.stride(1) == 1
-    out = residual if residual is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    x_scale = None
+    if widen == 2:
+        from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
+
+        out_dtype = out_dtype or x.dtype
+        x, x_scale = quantize_rows(x)
+    dt = out_dtype or x.dtype
+    out = residual if residual is not None else torch.empty((m, n), dtype=dt, device=x.device)
     if m == 0:
         return out
     _skinny_kernel[(triton.cdiv(n, block_n),)](
         x,
         weight,
         weight if scale is None else scale,
+        weight if x_scale is None else x_scale,
         out,
         m,
         n,
@@ -100,9 +121,36 @@ def skinny_linear(
         out.stride(0),
         RESIDUAL=residual is not None,
         SCALED=scale is not None,
+        WIDEN=widen,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        num_warps=4,
+        num_warps=num_warps,
         num_stages=num_stages,
     )
     return out
+
+
+def fp8_tiles(n: int, k: int) -> tuple[int, int, int]:
+    """(block_n, block_k, stages) for an e4m3 [n, k] weight, best of bench/tune_fp8_gemv.py on an
+    H200 at 1 and 16 rows (2026-11-26): gate_up 28672x4096 88%, qkv 6144x4096 59%, down
+    4096x14336 64%, o 4096x4096 47% of copy bandwidth. A narrow weight gives too few programs to
+    keep enough bytes in flight; split-K would be the next step there."""
+    if n >= 16384:
+        return 64, 256, 3
+    if k >= 8192 or n <= 4096:
+        return 32, 1024, 3
+    return 64, 512, 4
+
+
+def skinny_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] bf16/fp16, M <= 16; weight e4m3 [N, K] with scale [N]: x @ (W * scale).T with x
+    rounded to e4m3 per row, in x's dtype (into residual when given)."""
+    bn, bk, stages = fp8_tiles(*weight.shape)
+    return skinny_linear(
+        x, weight, residual, scale, bn, bk, stages, num_warps=4, widen=2, out_dtype=x.dtype
+    )
