@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.configs import builtin_config
-from tests.gpu.test_greedy_equivalence import engine_greedy, shape_file
+from tests.gpu.test_greedy_equivalence import shape_file
 from tests.gpu.test_kernels import CUDA, paged_cache, ref_attention, rel_err, tables
 from tests.unit.test_fp8_math import check_kv_handoff
 from trtllm_gateway.engine.builtin import fp8
@@ -171,6 +171,34 @@ def engine(tmp_path: Path, layers: int, graphs: bool, **fp8_flags: str) -> CoreC
     return core_client(config, in_thread=True)
 
 
+async def greedy_top2(
+    eng: CoreClient, prompts: list[list[int]]
+) -> list[tuple[list[int], list[tuple[tuple[int, float], ...]]]]:
+    """Each prompt's greedy tokens with the top two logprobs at every step."""
+    out = []
+    for i, p in enumerate(prompts):
+        sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
+        toks, tops = [], []
+        async for ev in eng.generate(GenerateRequest(f"g{i}", tuple(p), sp)):
+            toks += ev.token_ids
+            tops += [lp.top for lp in ev.logprobs or ()]
+        out.append((toks, tops))
+    return out
+
+
+def same_until_a_near_tie(
+    a: list[int], b: list[int], tops: list[tuple[tuple[int, float], ...]]
+) -> None:
+    """A prefix hit runs the prompt's tail in a smaller step: other GEMM paths (the skinny kernel
+    at <= 16 rows, torch._scaled_mm above) sum in another order, so greedy may differ, but only
+    where the cold run's top two were within rounding of each other."""
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            margin = tops[i][0][1] - tops[i][1][1]
+            assert margin < 0.05, (i, x, y, margin)
+            return
+
+
 async def teacher_forced(eng: CoreClient, seq: list[int], rid: str) -> torch.Tensor:
     sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     lps = []
@@ -183,8 +211,9 @@ async def teacher_forced(eng: CoreClient, seq: list[int], rid: str) -> torch.Ten
 @pytest.mark.parametrize("graphs", [True, False])
 async def test_fp8_engine_end_to_end(tmp_path: Path, graphs: bool) -> None:
     """The 8B shape cut to 2 layers, random weights: FP8 weights and KV against bf16 on the same
-    weights, teacher-forced on one sequence; greedy decoding is repeatable, a prefix-cache hit
-    continues as the cold run did, and the layers are Fp8Linear with an e4m3 cache."""
+    weights, teacher-forced on one sequence; a prefix-cache hit
+    continues as the cold run did (up to a near tie), and the layers are Fp8Linear with an e4m3
+    cache."""
     from trtllm_gateway.engine.builtin.fp8_linear import Fp8Linear
 
     bf16 = engine(tmp_path, 2, graphs)
@@ -204,9 +233,10 @@ async def test_fp8_engine_end_to_end(tmp_path: Path, graphs: bool) -> None:
         # Measured on an H200 (2026-11-26): mean 0.189, max 0.728 nats.
         assert gap.mean() < 0.3 and gap.max() < 1.5, (gap.mean(), gap.max())
         prompts = [[rng.randrange(100, 30000) for _ in range(n)] for n in (5, 23, 70)]
-        first = await engine_greedy(f8, prompts)
-        again = await engine_greedy(f8, prompts)  # prefix hits for all three
-        assert first == again
+        cold = await greedy_top2(f8, prompts)
+        hits = await greedy_top2(f8, prompts)  # prefix-cache hits for all three
+        for (a, tops), (b, _) in zip(cold, hits, strict=True):
+            same_until_a_near_tie(a, b, tops)
     finally:
         await bf16.stop()
         await f8.stop()
