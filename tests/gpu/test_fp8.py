@@ -187,15 +187,21 @@ async def greedy_top2(
 
 
 def same_until_a_near_tie(
-    a: list[int], b: list[int], tops: list[tuple[tuple[int, float], ...]]
+    a: list[int],
+    b: list[int],
+    tops_a: list[tuple[tuple[int, float], ...]],
+    tops_b: list[tuple[tuple[int, float], ...]],
 ) -> None:
     """A prefix hit runs the prompt's tail in a smaller step: other GEMM paths (the skinny kernel
-    at <= 16 rows, torch._scaled_mm above) sum in another order, so greedy may differ, but only
-    where the cold run's top two were within rounding of each other."""
+    at <= 16 rows, torch._scaled_mm above) sum in another order and round the bf16 outputs
+    elsewhere, so the logprobs move a little and greedy may differ where the cold run's top two
+    were close (seen: a 0.094-nat margin flipped on an H100). Reused KV blocks that were wrong
+    would move them by far more."""
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert abs(tops_a[i][0][1] - tops_b[i][0][1]) < 0.15, (i, tops_a[i], tops_b[i])
         if x != y:
-            margin = tops[i][0][1] - tops[i][1][1]
-            assert margin < 0.05, (i, x, y, margin)
+            margin = tops_a[i][0][1] - tops_a[i][1][1]
+            assert margin < 0.25, (i, x, y, margin)
             return
 
 
@@ -235,8 +241,8 @@ async def test_fp8_engine_end_to_end(tmp_path: Path, graphs: bool) -> None:
         prompts = [[rng.randrange(100, 30000) for _ in range(n)] for n in (5, 23, 70)]
         cold = await greedy_top2(f8, prompts)
         hits = await greedy_top2(f8, prompts)  # prefix-cache hits for all three
-        for (a, tops), (b, _) in zip(cold, hits, strict=True):
-            same_until_a_near_tie(a, b, tops)
+        for (a, tops_a), (b, tops_b) in zip(cold, hits, strict=True):
+            same_until_a_near_tie(a, b, tops_a, tops_b)
     finally:
         await bf16.stop()
         await f8.stop()
