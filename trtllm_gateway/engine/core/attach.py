@@ -10,10 +10,28 @@ at once; join and kill leave the process to its owner, who joins it after every 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import zmq
 
 from trtllm_gateway.engine.core.loop import Addresses
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """What an API server needs to reach the shared core: its own addresses, the core's pid."""
+
+    addresses: Addresses
+    core_pid: int
+
+
+def client_addresses(folder: str, count: int) -> tuple[Addresses, ...]:
+    """Each client's ipc:// addresses in one directory (the core's SOCKET_DIR_PREFIX one, which
+    an orphaned core removes)."""
+    return tuple(
+        Addresses(f"ipc://{folder}/in-{i}", f"ipc://{folder}/out-{i}", f"ipc://{folder}/probe-{i}")
+        for i in range(count)
+    )
 
 
 class AttachedCore:
