@@ -15,21 +15,22 @@ import pytest
 import zmq
 
 from tests.unit.test_core_client import BOOM, ScriptedCore, drain, req
+from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core.attach import AttachedCore
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.core.loop import Addresses, run_core
-from trtllm_gateway.engine.protocol import EngineDeadError
+from trtllm_gateway.engine.protocol import EngineDeadError, InvalidRequestError
 
 
 class SharedCore:
     """run_core in a thread for `count` clients; `code` is its exit status once it ended."""
 
-    def __init__(self, folder: Path, count: int) -> None:
+    def __init__(self, folder: Path, count: int, core: ScriptedCore | None = None) -> None:
         self.addresses = tuple(
             Addresses(f"ipc://{folder}/in-{i}", f"ipc://{folder}/out-{i}", f"ipc://{folder}/p-{i}")
             for i in range(count)
         )
-        self.core = ScriptedCore()
+        self.core = core or ScriptedCore()
         self.code: int | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -110,3 +111,41 @@ async def test_a_dead_core_fails_every_client(
     with pytest.raises(EngineDeadError, match="scripted engine bug"):
         await drain(victim)
     assert a.health().state == b.health().state == "dead"
+
+
+class HoldingCore(ScriptedCore):
+    """Holds the KV of every hold_kv Add (a context phase) until exported or released."""
+
+    def handle(self, msg: m.Inbound, frames: list[bytes]) -> tuple[m.Reply, bytes | None] | None:
+        if isinstance(msg, m.Add) and msg.hold_kv:
+            super().handle(msg, frames)
+            self.blobs[msg.request_id] = msg.request_id.encode()
+            return None
+        if isinstance(msg, m.ExportKv):
+            blob = self.blobs.pop(msg.request_id, None)
+            if blob is None:
+                return m.Reply(msg.cookie, m.RequestError("invalid", "no KV held")), None
+            return m.Reply(msg.cookie), blob
+        if isinstance(msg, m.ReleaseKv):
+            self.blobs.pop(msg.request_id, None)
+        return super().handle(msg, frames)
+
+
+async def test_held_kv_is_pulled_through_any_client(tmp_path: Path) -> None:
+    """A prefill sibling's context phase ran on one server; the decode side's pull (another HTTP
+    request) may land on the other."""
+    shared = SharedCore(tmp_path, 2, HoldingCore())
+    a, b = shared.client(0), shared.client(1)
+    await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 10)
+    try:
+        await a.prefill(req("ctx"))
+        assert await b.pull_kv("ctx") == b"0/ctx"  # held under server 0's qualified id
+        with pytest.raises(InvalidRequestError, match="no KV held"):
+            await a.pull_kv("ctx")  # pulled once
+        await b.prefill(req("other"))
+        a.release_kv("other")
+        with pytest.raises(InvalidRequestError, match="no KV held"):
+            await b.pull_kv("other")
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+    assert shared.join(5)

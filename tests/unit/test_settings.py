@@ -71,7 +71,7 @@ def test_int8_activations_conflicts_are_errors(conflict: dict[str, str]) -> None
     [
         (["--engine", "fake"], "needs --engine builtin with its core process"),
         (["--no-engine-process"], "needs --engine builtin with its core process"),
-        (["--mode", "prefill"], "serves --mode aggregated or decode"),
+        (["--mode", "encode"], "does not run --mode encode"),
         (["--kv-events-zmq", "tcp://*:5557"], "cannot publish --kv-events-zmq"),
     ],
 )

@@ -75,13 +75,12 @@ class Settings(
     def _check_api_server_count(self) -> Settings:
         if self.api_server_count == 1:
             return self
-        # The servers share one built-in core process. A prefill or encode instance holds
-        # results a sibling fetches later, maybe from another server, and one --kv-events-zmq
-        # address cannot be bound by every server.
+        # The servers share one built-in core process (an encode instance has none), and one
+        # --kv-events-zmq address cannot be bound by every server.
         if self.engine != "builtin" or not self.engine_process:
             raise ValueError("--api-server-count > 1 needs --engine builtin with its core process")
-        if self.mode not in ("aggregated", "decode"):
-            raise ValueError("--api-server-count > 1 serves --mode aggregated or decode")
+        if self.mode == "encode":
+            raise ValueError("--api-server-count > 1 does not run --mode encode")
         if self.kv_events_zmq:
             raise ValueError("--api-server-count > 1 cannot publish --kv-events-zmq")
         return self

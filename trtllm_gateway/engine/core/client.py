@@ -117,7 +117,7 @@ class CoreClient:
         except asyncio.CancelledError:
             if not self._exited:
                 raise
-            first = m.Dead(f"engine core process exited (code {self.launcher.exitcode})")
+            first = m.Dead(self._exit_detail())
         if not isinstance(first, m.Ready):
             detail = first.detail if isinstance(first, m.Dead) else "no handshake"
             self._die(detail)  # stop() joins the core and closes the sockets
@@ -302,11 +302,14 @@ class CoreClient:
             return
         if self._stopping:
             return  # Stop's Dead(stopped) is in the pipe; the reader ends on it
-        code = self.launcher.exitcode
         if self._state != "dead":
-            self._die(f"engine core process exited (code {code})")
+            self._die(self._exit_detail())
         if self._reader is not None:
             self._reader.cancel()
+
+    def _exit_detail(self) -> str:
+        code = self.launcher.exitcode  # None: not this process's child (attach.AttachedCore)
+        return "engine core process exited" + ("" if code is None else f" (code {code})")
 
     def _die(self, detail: str) -> None:
         self._state = "dead" if detail else "draining"

@@ -6,6 +6,9 @@
                may use the same id; each batch is split so that every server gets its own
                requests' events, and the health and KV events every server needs.
 
+A context phase's held KV (a prefill sibling's /internal/v1/prefill) may be pulled or released
+through any server: ExportKv and ReleaseKv find it by its client-side id, whoever held it.
+
 A Stop from one of several clients detaches that client only (its requests are aborted, it gets
 its last batch and Dead(stopped)); the core stops once the last one has detached.
 """
@@ -22,6 +25,8 @@ import zmq
 from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core import shm_blob
 from trtllm_gateway.engine.protocol import TokenEvent
+
+HELD_KEPT = 4096
 
 
 class Handler(Protocol):
@@ -103,6 +108,9 @@ class ManyPipes:
         self._attached = set(range(len(pairs)))
         # qualified id -> (client, its own id), while the request runs.
         self._owner: dict[str, tuple[int, str]] = {}
+        # A held context phase's client-side id -> its qualified id, until pulled or released
+        # (the oldest forgotten past HELD_KEPT: those expired in the core long ago).
+        self._held: dict[str, str] = {}
         self._last: m.OutputBatch | None = None
 
     @property
@@ -156,8 +164,14 @@ class ManyPipes:
         if isinstance(msg, m.Stop):
             return msg
         qualified = f"{client}/{msg.request_id}"
-        if isinstance(msg, m.Add):
+        if isinstance(msg, (m.ExportKv, m.ReleaseKv)):
+            qualified = self._held.pop(msg.request_id, qualified)
+        elif isinstance(msg, m.Add):
             self._owner[qualified] = (client, msg.request_id)
+            if msg.hold_kv:
+                self._held[msg.request_id] = qualified
+                if len(self._held) > HELD_KEPT:
+                    del self._held[next(iter(self._held))]
         return msgspec.structs.replace(msg, request_id=qualified)
 
     def _detach(self, core: Handler, client: int) -> None:
