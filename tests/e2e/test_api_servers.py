@@ -11,6 +11,7 @@ SIGTERM drains both and leaves no process or run directory; the core or a server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import json
 import re
@@ -213,3 +214,42 @@ async def test_a_dead_process_stops_them_all(log_dir: Path, victim: str) -> None
         assert not _ours(dirs)
     finally:
         s.stop(signal.SIGKILL)
+
+
+async def _watch_tree(s: Server, seen: set[psutil.Process], limit_s: float) -> int:
+    """The supervisor's exit status; every process it started meanwhile is added to seen."""
+    assert s.proc is not None
+    deadline = time.monotonic() + limit_s
+    while s.proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            seen.update(_tree(s))
+        await asyncio.sleep(0.05)
+    return await asyncio.to_thread(s.proc.wait, 1)
+
+
+async def test_startup_timeout_stops_them_all(log_dir: Path) -> None:
+    dirs = set(glob.glob(RUN_DIRS))
+    s = Server(args=[*ARGS, "--startup-timeout", "0.5"]).start(log_dir, wait=False)
+    try:
+        seen: set[psutil.Process] = set()
+        assert await _watch_tree(s, seen, 60) == 4, s.log()
+        assert len(seen) == 3
+        psutil.wait_procs(list(seen), timeout=5)
+        assert not [c for c in seen if c.is_running()]
+        assert not _ours(dirs)
+    finally:
+        s.stop(signal.SIGKILL)
+
+
+async def test_a_killed_supervisor_leaves_no_orphan(log_dir: Path) -> None:
+    dirs = set(glob.glob(RUN_DIRS))
+    s = Server(args=ARGS).start(log_dir)
+    children = _tree(s)
+    s.kill()  # SIGKILL: no drain, no cleanup of its own
+    _, alive = await asyncio.to_thread(psutil.wait_procs, children, 15)
+    assert not alive, s.log()
+    for _ in range(50):  # the orphaned core removes the run directory on its way out
+        if not _ours(dirs):
+            break
+        await asyncio.sleep(0.1)
+    assert not _ours(dirs)

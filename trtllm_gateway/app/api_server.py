@@ -65,8 +65,9 @@ class ApiServer(GatewayServer):
 
     async def on_tick(self, counter: int) -> bool:
         if not self.should_exit and os.getppid() != self.supervisor:
+            # The core goes with the supervisor (its lifeline): nothing is left to drain.
             logger.error("the supervisor is gone; the API server exits")
-            self.should_exit = True
+            self.should_exit = self.force_exit = True
         return await super().on_tick(counter)
 
 

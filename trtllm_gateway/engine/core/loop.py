@@ -113,6 +113,8 @@ def run_core(
             yield_gil = shares_gil and core.steps_on_cpu
             status = _serve(core, pipes, parent_sentinel, shared, yield_gil)
             if status == PARENT_GONE and parent_sentinel is not None:
+                if isinstance(pipes, ManyPipes):  # API servers outlive their supervisor a moment
+                    pipes.send(m.Dead("the gateway's supervisor process is gone"))
                 for client in clients:
                     _remove_socket_dir(client)
             return status
