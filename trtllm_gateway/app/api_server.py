@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import socket
 import struct
 import sys
 from dataclasses import dataclass
+from types import FrameType
 from typing import IO, cast
 
 import uvicorn
@@ -77,7 +79,14 @@ def _read_spec(stdin: IO[bytes]) -> ApiServerSpec:
     return cast(ApiServerSpec, pickle.loads(stdin.read(size)))
 
 
+def _stop_before_serving(sig: int, frame: FrameType | None) -> None:
+    # Until uvicorn installs its own handlers (the drain) and after it restores this one, a
+    # SIGTERM from the supervisor ends the process quietly, with status 0 rather than -15.
+    raise SystemExit(0)
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop_before_serving)
     supervisor = os.getppid()
     spec = _read_spec(sys.stdin.buffer)
     server = spec.config.server
