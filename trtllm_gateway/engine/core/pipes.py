@@ -113,10 +113,6 @@ class ManyPipes:
         self._held: dict[str, str] = {}
         self._last: m.OutputBatch | None = None
 
-    @property
-    def inbox(self) -> zmq.Socket[bytes]:
-        return self.inboxes[0]
-
     def send(self, msg: msgspec.Struct) -> None:
         data = m.encode(msg)
         for client in sorted(self._attached):
