@@ -18,6 +18,7 @@ LEN=${LEN:-1024}            # input and output tokens a request (smaller only fo
 MODES135=${MODES135:-process thread}  # 135M one-token-per-chunk runs: --[no-]engine-process
 SMALLTOK8=${SMALLTOK8:-}    # non-empty: also serve 8B with $TOK as is (ids past it stream nothing)
 PYSPY=${PYSPY:-}            # a py-spy binary: sample gateway and core in the 135M si=1 process run
+API_SERVERS=${API_SERVERS:-}  # N > 1: also serve 135M si=1 with --api-server-count N (+ py-spy)
 CONC=256
 FP8=""        # the fp8 stage sets it: engine flags every server and offline run of that stage gets
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -40,12 +41,15 @@ cat "$OUT/env.txt"
 # serve NAME MODEL MAX_BATCH STREAM_INTERVAL ENGINE_FLAG NUM [PROFILE]: one server (tokenizer
 # $SERVE_TOK, default $TOK), one bench.serve
 # run against it with bench.proc_sample recording CPU and the running gauge once a second;
-# PROFILE=1 also records 10 s of py-spy stacks of the gateway and the core mid-run.
+# PROFILE=1 also records 10 s of py-spy stacks of the gateway and the core mid-run. SERVE_FLAGS:
+# more serve flags (--api-server-count N: the serve process supervises the core and N servers,
+# and the first API server is the "gateway" py-spy samples).
 serve() {
   local name=$1 model=$2 mb=$3 si=$4 flag=$5 num=$6 profile=${7:-}
   echo "$(date -u +%T) serve $name"
   python3 -m trtllm_gateway serve --model "$model" $ENGINE --tokenizer "${SERVE_TOK:-$TOK}" \
-    --port $PORT --max-batch-size "$mb" --stream-interval "$si" "$flag" --log-level warning $FP8 \
+    --port $PORT --max-batch-size "$mb" --stream-interval "$si" "$flag" ${SERVE_FLAGS:-} $FP8 \
+    --log-level warning \
     > "$OUT/server_$name.log" 2>&1 &
   local server=$!
   python3 -c "from bench.serve import wait_ready; wait_ready('$URL', 300)" || {
@@ -59,9 +63,10 @@ serve() {
   local sampler=$!
   if [[ -n "$profile" && -n "$PYSPY" ]]; then
     sleep 12
-    local core
-    core=$(pgrep -P "$server" | head -1)
-    "$PYSPY" record --pid "$server" --duration 10 --rate 100 --nonblocking --format raw \
+    local core gateway
+    core=$(pgrep -P "$server" -f trtllm_gateway.engine.core.process | head -1)
+    gateway=$(pgrep -P "$server" -f trtllm_gateway.app.api_server | head -1)
+    "$PYSPY" record --pid "${gateway:-$server}" --duration 10 --rate 100 --nonblocking --format raw \
       -o "$OUT/spy_gateway_$name.txt" > "$OUT/spy_gateway_$name.log" 2>&1 &
     [[ -n "$core" ]] && "$PYSPY" record --pid "$core" --duration 10 --rate 100 --nonblocking \
       --format raw -o "$OUT/spy_core_$name.txt" > "$OUT/spy_core_$name.log" 2>&1 &
@@ -92,6 +97,10 @@ if has 135m; then
       serve 135m_si1_thread $M135 $CONC 1 --no-engine-process "$NUM135"
     fi
   done
+  if [[ -n "$API_SERVERS" ]]; then
+    SERVE_FLAGS="--api-server-count $API_SERVERS" \
+      serve "135m_si1_api$API_SERVERS" $M135 $CONC 1 --engine-process "$NUM135" profile
+  fi
   serve 135m_si8 $M135 $CONC 8 --engine-process "$NUM135"
 fi
 # 1 + 2: 8B batch-1 decode next to its roofline, then NUM8 x 1024/1024 at concurrency 256 offline,

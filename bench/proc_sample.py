@@ -45,8 +45,12 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 
 def _is_core(proc: psutil.Process) -> bool:
+    return _runs(proc, "engine.core")
+
+
+def _runs(proc: psutil.Process, module: str) -> bool:
     try:
-        return any("engine.core" in part for part in proc.cmdline())
+        return any(module in part for part in proc.cmdline())
     except psutil.Error:
         return False
 
@@ -110,6 +114,10 @@ def sample(pid: int, client_pid: int | None, metrics_url: str | None, interval: 
             core = next((p.pid for p in server[1:] if _is_core(p)), None)
             if core:  # --engine-process: the step loop's own process
                 row["core"] = _process_row(core, pct[core])
+            # --api-server-count N: "gateway" is the idle supervisor, the event loops are these.
+            apis = [p.pid for p in server[1:] if _runs(p, "app.api_server")]
+            if apis:
+                row["api_servers"] = [_process_row(api, pct[api]) for api in apis]
         if clients:
             row["client_cpu"] = round(sum(sum(pct[p.pid].values()) for p in clients), 1)
         if metrics_url:

@@ -64,3 +64,23 @@ def test_int8_activations_conflicts_are_errors(conflict: dict[str, str]) -> None
     with pytest.raises(ValidationError, match="--packed-weights int8 is for the CPU path"):
         Settings(packed_weights="int8", **conflict)  # type: ignore[arg-type]
     assert Settings(packed_weights="int8", device="cpu").packed_weights == "int8"
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--engine", "fake"], "needs --engine builtin with its core process"),
+        (["--no-engine-process"], "needs --engine builtin with its core process"),
+        (["--mode", "encode"], "does not run --mode encode"),
+        (["--kv-events-zmq", "tcp://*:5557"], "cannot publish --kv-events-zmq"),
+    ],
+)
+def test_api_server_count_refuses_what_servers_cannot_share(flags: list[str], error: str) -> None:
+    assert Settings().api_server_count == 1
+    assert (
+        Settings(_cli_parse_args=["--api-server-count", "4"]).parts().server.api_server_count == 4
+    )
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        Settings(_cli_parse_args=["--api-server-count", "0"])
+    with pytest.raises(ValidationError, match=error):
+        Settings(_cli_parse_args=["--api-server-count", "2", *flags])

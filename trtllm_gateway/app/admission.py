@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 
 from trtllm_gateway.app.errors import ServiceUnavailableError
+from trtllm_gateway.app.shared_counts import SharedCounts
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +49,22 @@ class Slot:
 
 
 class Admission:
-    """In-flight engine requests of one app. Event-loop only: reserve/release never await."""
+    """In-flight engine requests of one app. Event-loop only: reserve/release never await.
 
-    def __init__(self, running: int, queued: int | None, per_request: int | None = None) -> None:
+    With --api-server-count N the limit counts every server's requests (shared: SharedCounts);
+    in_flight stays this process's own, which its drain waits for.
+    """
+
+    def __init__(
+        self,
+        running: int,
+        queued: int | None,
+        per_request: int | None = None,
+        shared: SharedCounts | None = None,
+    ) -> None:
         """per_request: the most engine requests one HTTP request runs at once (None: all)."""
         self.per_request = per_request
+        self.shared = shared
         self._queued_limit = queued
         self.capacity = None if queued is None else running + queued
         self.running_limit = running
@@ -69,9 +81,18 @@ class Admission:
         self.capacity = None if queued is None else running + queued
 
     @property
+    def total_in_flight(self) -> int:
+        """Every API server's requests in flight (this one's alone without shared counts)."""
+        return self.in_flight if self.shared is None else self.shared.in_flight
+
+    @property
     def queued(self) -> int:
         """Admitted requests beyond what the engine runs at once."""
-        return max(0, self.in_flight - self.running_limit)
+        return max(0, self.total_in_flight - self.running_limit)
+
+    def rejections(self) -> dict[str, int]:
+        """Refusals by reason, of every API server."""
+        return dict(self.rejected) if self.shared is None else self.shared.rejected()
 
     def reserve(self, weight: int = 1) -> Slot:
         """A slot for `weight` engine requests (at most per_request of them run at once, so
@@ -83,13 +104,19 @@ class Admission:
             weight = min(weight, self.per_request)
         if self.closed:
             self.rejected["draining"] += 1
+            if self.shared is not None:
+                self.shared.refused_draining()
             raise ServiceUnavailableError("The server is shutting down.", code="draining")
         cap = self.capacity
-        if cap is not None and self.in_flight > 0 and self.in_flight + weight > cap:
+        if self.shared is not None:
+            admitted = self.shared.try_reserve(weight, cap)
+        else:
+            admitted = cap is None or self.in_flight == 0 or self.in_flight + weight <= cap
+        if not admitted:
             self.rejected["queue_full"] += 1
             raise ServiceUnavailableError(
-                f"The server is overloaded ({self.in_flight} requests in flight, limit {cap}); "
-                "retry shortly.",
+                f"The server is overloaded ({self.total_in_flight} requests in flight, "
+                f"limit {cap}); retry shortly.",
                 code="queue_full",
             )
         self.in_flight += weight
@@ -97,6 +124,8 @@ class Admission:
         return Slot(self, weight)
 
     def _release(self, weight: int) -> None:
+        if self.shared is not None:
+            self.shared.release(weight)
         self.in_flight -= weight
         if self.in_flight <= 0:
             self.in_flight = 0

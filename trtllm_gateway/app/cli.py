@@ -16,16 +16,12 @@ commands:
 """
 
 
-DRAIN_TAIL_S = 5
-
-
 def serve(argv: list[str]) -> int:
-    import uvicorn
     from pydantic import ValidationError
 
     from trtllm_gateway.app.logs import configure_logging
     from trtllm_gateway.app.main import create_app
-    from trtllm_gateway.app.server import GatewayServer
+    from trtllm_gateway.app.server import GatewayServer, uvicorn_config
     from trtllm_gateway.config.settings import Settings
     from trtllm_gateway.engine.factory import preflight
     from trtllm_gateway.engine.protocol import EngineError
@@ -42,26 +38,16 @@ def serve(argv: list[str]) -> int:
     except (EngineError, ValueError) as exc:
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 1
+    if server.api_server_count > 1:
+        from trtllm_gateway.app.supervisor import supervise
+
+        return supervise(config)
     try:
         app = create_app(config)
     except (OSError, ValueError) as exc:  # an unreadable --api-key-file, a bad OTLP endpoint
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 2
-    uvicorn_config = uvicorn.Config(
-        app,
-        host=server.host,
-        port=server.port,
-        log_level=server.log_level,
-        log_config=None,  # uvicorn's loggers go through ours (request_id, json)
-        access_log=False,  # RequestContextMiddleware logs one line per request
-        # The drain already waited --shutdown-timeout; this only bounds closing what is left.
-        timeout_graceful_shutdown=DRAIN_TAIL_S,
-        # h11 bounds the header block it buffers (httptools parses any size: a 128 MB header
-        # took 39 s before auth ran); vLLM bounds it the same way.
-        http="h11",
-        h11_max_incomplete_event_size=server.max_header_bytes,
-    )
-    GatewayServer(uvicorn_config, app.state.drain, server.startup_timeout).run()
+    GatewayServer(uvicorn_config(app, server), app.state.drain, server.startup_timeout).run()
     return 0
 
 

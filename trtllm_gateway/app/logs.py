@@ -31,9 +31,14 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, process: str = "") -> None:
+        super().__init__()
+        self.process = process
+
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            **({"process": self.process} if self.process else {}),
             "level": record.levelname.lower(),
             "logger": record.name,
             "request_id": getattr(record, "request_id", "-"),
@@ -46,8 +51,9 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+    def __init__(self, process: str = "") -> None:
+        where = f"{process} " if process else ""
+        super().__init__(f"%(asctime)s {where}%(levelname)s %(name)s [%(request_id)s] %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
@@ -57,11 +63,15 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def configure_logging(level: str, fmt: str = "text") -> None:
-    """One stderr handler on the root logger; uvicorn's loggers propagate to it."""
+def configure_logging(level: str, fmt: str = "text", process: str = "") -> None:
+    """One stderr handler on the root logger; uvicorn's loggers propagate to it.
+
+    process: which process of several writes the line ("api-server-1" with --api-server-count).
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    formatter = JsonFormatter(process) if fmt == "json" else TextFormatter(process)
+    handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -8,8 +8,10 @@ limit (--max-body-bytes), tracing (only with --otlp-traces-endpoint), CORS (only
 
 from __future__ import annotations
 
-from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
+import os
+
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.middleware.cors import CORSMiddleware
 
@@ -22,6 +24,7 @@ from trtllm_gateway.app.errors import install_error_handlers
 from trtllm_gateway.app.lifespan import create_lifespan
 from trtllm_gateway.app.metrics import GatewayMetrics
 from trtllm_gateway.app.request_context import HEADER, RequestContextMiddleware
+from trtllm_gateway.app.shared_counts import SharedCounts
 from trtllm_gateway.app.tracing import Tracer, TracingMiddleware
 from trtllm_gateway.app.version import VERSION
 from trtllm_gateway.config.gateway import GatewayConfig
@@ -33,16 +36,26 @@ from trtllm_gateway.openai.chat import router as chat
 from trtllm_gateway.openai.completions import router as completions
 
 
-def create_app(config: GatewayConfig, engine: EngineBase | None = None) -> FastAPI:
+def create_app(
+    config: GatewayConfig, engine: EngineBase | None = None, shared: SharedCounts | None = None
+) -> FastAPI:
     """The ASGI app. Without `engine`, the lifespan builds one from config (create_engine).
 
     `app.state.drain` is the app's Drain; the server (app/server.py) runs it on SIGTERM.
+    shared: the admission counters of every API server (--api-server-count, app/api_server.py).
     """
     server = config.server
     admission = Admission(
-        config.engine.max_batch_size, server.max_queued_requests, server.max_running_choices
+        config.engine.max_batch_size,
+        server.max_queued_requests,
+        server.max_running_choices,
+        shared,
     )
-    metrics = GatewayMetrics(CollectorRegistry(), admission, server.metrics_prefix)
+    # prometheus_client's own switch: set (by the supervisor) before it was imported.
+    multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    metrics = GatewayMetrics(
+        CollectorRegistry(), admission, server.metrics_prefix, multiprocess_dir
+    )
     metrics.pixels = create_pixel_budget(config.media)
     drain = Drain(admission, server.shutdown_timeout)
     endpoint = server.otlp_traces_endpoint
@@ -65,9 +78,19 @@ def create_app(config: GatewayConfig, engine: EngineBase | None = None) -> FastA
     keys = load_api_keys(server)
     if keys:
         app.add_middleware(ApiKeyMiddleware, keys=keys, public_paths=server.public_paths)
-    Instrumentator(
-        registry=metrics.registry, excluded_handlers=["/metrics"], should_group_status_codes=False
-    ).instrument(app).expose(app, endpoint="/metrics", include_in_schema=False)
+    instrumentator = Instrumentator(
+        registry=metrics.http_registry,
+        excluded_handlers=["/metrics"],
+        should_group_status_codes=False,
+    ).instrument(app)
+    if multiprocess_dir is None:
+        instrumentator.expose(app, endpoint="/metrics", include_in_schema=False)
+    else:
+        # The instrumentator's own /metrics would show the files only, not the engine gauges.
+        @app.get("/metrics", include_in_schema=False)
+        def _metrics() -> Response:
+            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     if server.allowed_origins:
         app.add_middleware(
             CORSMiddleware,

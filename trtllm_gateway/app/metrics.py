@@ -1,7 +1,12 @@
 """Prometheus collectors (vLLM's names, under trtllm_gateway: or --metrics-prefix) and
 per-request recording.
 
-One CollectorRegistry per app, so several apps in one process do not collide. Gauges are read
+One CollectorRegistry per app, so several apps in one process do not collide. With
+--api-server-count N (PROMETHEUS_MULTIPROC_DIR set by the supervisor) prometheus_client keeps
+every histogram and counter in per-process files, and /metrics sums them over all the servers
+(its multiprocess mode, as vLLM runs it); the scrape-time collectors below report once, from the
+server that answers: the engine gauges come from the one shared core and the admission counts
+from the servers' shared counters. Gauges are read
 from engine.health() at scrape time; histograms and counters are fed by RequestRecorder. The
 admission counters, multimodal.MediaMetrics and engine RemotePrefillStats are plain objects read
 at scrape time too (app/ops_collectors.py), so nothing below the app layer knows prometheus.
@@ -18,6 +23,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from trtllm_gateway.app import request_context
@@ -88,8 +94,9 @@ _TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))[:-
 class _KvRoutingCollector(Collector):
     """A decode instance's KV-aware sibling choices (docs/kv_events.md), once bound."""
 
-    def __init__(self) -> None:
+    def __init__(self, multiprocess: bool = False) -> None:
         self.stats: KvRoutingStats | None = None
+        self._multiprocess = multiprocess  # the histogram is read from the files
         self._hits = Histogram(
             PREFIX + "kv_routing_prefix_hit_tokens",
             "Prompt tokens cached at the prefill sibling chosen, per choice.",
@@ -118,20 +125,32 @@ class _KvRoutingCollector(Collector):
         yield by_sibling
         for hit in self.stats.drain_hits():
             self._hits.observe(hit)
-        yield from self._hits.collect()
+        if not self._multiprocess:
+            yield from self._hits.collect()
 
 
 class GatewayMetrics:
     """Every engine/request metric of one app, registered in its own registry."""
 
     def __init__(
-        self, registry: CollectorRegistry, admission: Admission | None = None, prefix: str = PREFIX
+        self,
+        registry: CollectorRegistry,
+        admission: Admission | None = None,
+        prefix: str = PREFIX,
+        multiprocess_dir: str | None = None,
     ) -> None:
         """`registry` is the one /metrics exposes; the engine metrics live in a registry of
-        their own, renamed to `prefix` on the way out (app/metric_names.py)."""
+        their own, renamed to `prefix` on the way out (app/metric_names.py). multiprocess_dir:
+        prometheus_client's PROMETHEUS_MULTIPROC_DIR, whose files /metrics sums instead."""
         disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide, as vLLM does
         self.registry = registry
         inner = CollectorRegistry()
+        # Scrape-time collectors: with one process in `inner`, with several in their own
+        # registry, since `inner`'s histograms and counters then come from the files.
+        scraped = inner if multiprocess_dir is None else CollectorRegistry()
+        # Where the HTTP metrics (prometheus-fastapi-instrumentator) register.
+        self.http_registry = registry if multiprocess_dir is None else inner
+        mp = multiprocess_dir is not None
         self._health: Callable[[], EngineHealth] | None = None
         self.model_name = ""
         self.admission = admission or Admission(running=1, queued=None)
@@ -139,9 +158,9 @@ class GatewayMetrics:
         self.media = MediaMetrics()
         # Decoded pixels held by requests; create_app gives it the configured bound.
         self.pixels = PixelBudget(0)
-        self._remote_prefill = RemotePrefillCollector(lambda: self.model_name)
+        self._remote_prefill = RemotePrefillCollector(lambda: self.model_name, mp)
         self._remote_encode = RemoteEncodeCollector(lambda: self.model_name)
-        self._kv_routing = _KvRoutingCollector()
+        self._kv_routing = _KvRoutingCollector(mp)
         label = ["model_name"]
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -184,13 +203,19 @@ class GatewayMetrics:
             "Clients that disconnected before their response ended.",
             registry=inner,
         )
-        inner.register(_EngineCollector(self._read_health, lambda: self.model_name))
-        inner.register(AdmissionCollector(self.admission))
-        inner.register(MediaCollector(self.media, lambda: self.pixels))
-        inner.register(self._remote_prefill)
-        inner.register(self._remote_encode)
-        inner.register(self._kv_routing)
-        registry.register(RenamedCollector(inner, prefix))
+        scraped.register(_EngineCollector(self._read_health, lambda: self.model_name))
+        scraped.register(AdmissionCollector(self.admission))
+        scraped.register(MediaCollector(self.media, lambda: self.pixels))
+        scraped.register(self._remote_prefill)
+        scraped.register(self._remote_encode)
+        scraped.register(self._kv_routing)
+        if multiprocess_dir is not None:
+            files = CollectorRegistry()
+            MultiProcessCollector(files, path=multiprocess_dir)  # type: ignore[no-untyped-call]
+            registry.register(RenamedCollector(files, prefix))
+            registry.register(RenamedCollector(scraped, prefix))
+        else:
+            registry.register(RenamedCollector(inner, prefix))
 
     def bind_engine(self, health: Callable[[], EngineHealth], model_name: str) -> None:
         self._health = health

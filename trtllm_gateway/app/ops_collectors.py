@@ -37,7 +37,7 @@ class AdmissionCollector(Collector):
         yield _gauge(
             "num_requests_in_flight",
             "Engine requests admitted by the gateway and not yet finished.",
-            a.in_flight,
+            a.total_in_flight,
         )
         yield _gauge(
             "num_requests_queued",
@@ -49,7 +49,7 @@ class AdmissionCollector(Collector):
             "Requests refused with 503 before any work, by reason.",
             labels=["reason"],
         )
-        for reason, count in sorted(a.rejected.items()):
+        for reason, count in sorted(a.rejections().items()):
             rejected.add_metric([reason], float(count))
         yield rejected
 
@@ -102,8 +102,9 @@ class MediaCollector(Collector):
 class RemotePrefillCollector(Collector):
     """engine RemotePrefillStats, once bound (decode instances with --prefill-url)."""
 
-    def __init__(self, model_name: Callable[[], str]) -> None:
+    def __init__(self, model_name: Callable[[], str], multiprocess: bool = False) -> None:
         self._model_name = model_name
+        self._multiprocess = multiprocess  # the histogram is read from the files
         self._stats: RemotePrefillStats | None = None
         # The stats keep raw KV pull latencies until a scrape moves them into this histogram.
         self._kv_seconds = Histogram(
@@ -139,7 +140,8 @@ class RemotePrefillCollector(Collector):
         histogram = self._kv_seconds.labels(model)
         for seconds in stats.drain_kv_seconds():
             histogram.observe(seconds)
-        yield from self._kv_seconds.collect()
+        if not self._multiprocess:
+            yield from self._kv_seconds.collect()
         healthy = GaugeMetricFamily(
             PREFIX + "sibling_healthy",
             "1 while a prefill sibling answers, 0 while it is skipped.",

@@ -16,8 +16,10 @@ import time
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from trtllm_gateway.app.drain import Drain
+from trtllm_gateway.config.server import ServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +27,25 @@ FORCED_SHUTDOWN_S = 5.0
 ENGINE_DIED_EXIT = 3
 STARTUP_TIMEOUT_EXIT = 4
 STARTUP_REPORT_S = 30.0
+DRAIN_TAIL_S = 5
+
+
+def uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
+    """uvicorn's settings for the gateway's app (one process, or each API server's)."""
+    return uvicorn.Config(
+        app,
+        host=server.host,
+        port=server.port,
+        log_level=server.log_level,
+        log_config=None,  # uvicorn's loggers go through ours (request_id, json)
+        access_log=False,  # RequestContextMiddleware logs one line per request
+        # The drain already waited --shutdown-timeout; this only bounds closing what is left.
+        timeout_graceful_shutdown=DRAIN_TAIL_S,
+        # h11 bounds the header block it buffers (httptools parses any size: a 128 MB header
+        # took 39 s before auth ran); vLLM bounds it the same way.
+        http="h11",
+        h11_max_incomplete_event_size=server.max_header_bytes,
+    )
 
 
 class GatewayServer(uvicorn.Server):

@@ -22,6 +22,13 @@ class ServerConfig(BaseModel):
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per log line."
     )
+    api_server_count: int = Field(
+        1,
+        ge=1,
+        description="HTTP server processes on the one port, sharing one engine core (vLLM's "
+        "flag): for a GPU host whose one event loop cannot keep up with the engine; keep 1 on "
+        "small CPU machines. Needs the built-in engine in its own process.",
+    )
     shutdown_timeout: float = Field(
         30.0, ge=0.0, description="Seconds in-flight requests get to finish on SIGTERM."
     )

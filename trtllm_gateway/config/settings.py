@@ -71,6 +71,20 @@ class Settings(
             raise ValueError("--lora-modules: each adapter name must be unique")
         return self
 
+    @model_validator(mode="after")
+    def _check_api_server_count(self) -> Settings:
+        if self.api_server_count == 1:
+            return self
+        # The servers share one built-in core process (an encode instance has none), and one
+        # --kv-events-zmq address cannot be bound by every server.
+        if self.engine != "builtin" or not self.engine_process:
+            raise ValueError("--api-server-count > 1 needs --engine builtin with its core process")
+        if self.mode == "encode":
+            raise ValueError("--api-server-count > 1 does not run --mode encode")
+        if self.kv_events_zmq:
+            raise ValueError("--api-server-count > 1 cannot publish --kv-events-zmq")
+        return self
+
     def part(self, cls: type[Part]) -> Part:
         """One part from the fields given (flags, env, keywords): the rest keep the part's own
         defaults, and its model_fields_set still says what was given (the TensorRT-LLM args

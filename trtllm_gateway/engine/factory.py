@@ -11,16 +11,20 @@ from pathlib import Path
 
 from trtllm_gateway.config.disagg import encode_siblings
 from trtllm_gateway.config.gateway import GatewayConfig
+from trtllm_gateway.engine.core.attach import Attachment
+from trtllm_gateway.engine.core.launch import Launcher
+from trtllm_gateway.engine.core.loop import Addresses
 from trtllm_gateway.engine.logits.load import load_class
 from trtllm_gateway.engine.protocol import Engine, EngineBase
 
 
-def create_engine(config: GatewayConfig) -> EngineBase:
+def create_engine(config: GatewayConfig, attach: Attachment | None = None) -> EngineBase:
     """Construct (not start) the engine; loading happens in Engine.start() under the lifespan.
 
-    A decode instance with --prefill-url gets its engine wrapped for remote prefill.
+    A decode instance with --prefill-url gets its engine wrapped for remote prefill. attach: an
+    API server of --api-server-count, whose built-in core a supervisor runs (launch_shared_core).
     """
-    engine = _create_local(config)
+    engine = _create_local(config, attach)
     if config.mode == "decode" and config.disagg.prefill_url:
         assert isinstance(engine, Engine)  # a decode instance generates
         from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
@@ -50,7 +54,16 @@ def preflight(config: GatewayConfig) -> None:
         )
 
 
-def _create_local(config: GatewayConfig) -> EngineBase:
+def launch_shared_core(config: GatewayConfig, addresses: tuple[Addresses, ...]) -> Launcher:
+    """Start the built-in core process that the API servers at `addresses` attach to."""
+    from trtllm_gateway.engine.builtin.config import BuiltinConfig
+    from trtllm_gateway.engine.builtin.core_launch import shared_core
+
+    builtin = BuiltinConfig(config.engine, encode_siblings(config.disagg))
+    return shared_core(builtin, config.server.log_level, addresses)
+
+
+def _create_local(config: GatewayConfig, attach: Attachment | None = None) -> EngineBase:
     engine, log_level = config.engine, config.server.log_level
     encoders = encode_siblings(config.disagg)
     if engine.engine == "builtin" and engine.mode == "encode":
@@ -63,7 +76,10 @@ def _create_local(config: GatewayConfig) -> EngineBase:
 
         # --no-engine-process: the same core and messages, in a thread of this process.
         return core_client(
-            BuiltinConfig(engine, encoders), log_level, in_thread=not engine.engine_process
+            BuiltinConfig(engine, encoders),
+            log_level,
+            in_thread=not engine.engine_process,
+            attach=attach,
         )
     if engine.engine == "trtllm" and engine.mode == "encode":
         from trtllm_gateway.engine.trtllm.encode import TrtllmEncodeEngine

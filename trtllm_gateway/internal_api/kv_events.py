@@ -100,7 +100,7 @@ async def load(serving: ServingDep, state: StateDep) -> Response:
         kv_blocks_used=used,
         kv_active_blocks=used,
         data_parallel_rank=state.config.engine.data_parallel_rank,
-        in_flight=serving.admission.in_flight,
+        in_flight=serving.admission.total_in_flight,
         queued=serving.admission.queued,
     )
     return Response(wire.encode(report), media_type="application/json")

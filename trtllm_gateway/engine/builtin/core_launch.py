@@ -11,9 +11,11 @@ from functools import partial
 
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
+from trtllm_gateway.engine.core.attach import AttachedCore, Attachment
 from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.core.inproc import ThreadLauncher
 from trtllm_gateway.engine.core.launch import Launcher
+from trtllm_gateway.engine.core.loop import Addresses
 from trtllm_gateway.engine.core.process import ProcessLauncher
 
 
@@ -22,10 +24,28 @@ def core_factory(config: BuiltinConfig) -> partial[EngineCore]:
     return partial(EngineCore, config)
 
 
+def shared_core(
+    config: BuiltinConfig, log_level: str, addresses: tuple[Addresses, ...]
+) -> ProcessLauncher:
+    """The core process for several API servers (--api-server-count), started; its owner (the
+    supervisor) joins or kills it."""
+    launcher = ProcessLauncher(core_factory(config), log_level)
+    launcher.launch(addresses)
+    return launcher
+
+
 def core_client(
-    config: BuiltinConfig, log_level: str = "info", *, in_thread: bool = False
+    config: BuiltinConfig,
+    log_level: str = "info",
+    *,
+    in_thread: bool = False,
+    attach: Attachment | None = None,
 ) -> CoreClient:
-    """The CoreClient over the built-in EngineCore: in its own process, or a thread."""
+    """The CoreClient over the built-in EngineCore: in its own process, or a thread, or (attach)
+    the process a supervisor started for several API servers."""
+    if attach is not None:
+        attached = AttachedCore(attach.core_pid)
+        return CoreClient(attached, config.model_id, config.engine.block_size, attach.addresses)
     factory = core_factory(config)
     launcher: Launcher = (
         ThreadLauncher(factory) if in_thread else ProcessLauncher(factory, log_level)

@@ -57,8 +57,17 @@ _Item = TokenEvent | EngineError
 
 
 class CoreClient:
-    def __init__(self, launcher: Launcher, model_id: str, block_size: int) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        model_id: str,
+        block_size: int,
+        addresses: Addresses | None = None,
+    ) -> None:
+        """addresses: where to bind, chosen by whoever runs the core for several clients
+        (--api-server-count; attach.AttachedCore); None: a directory of this client's own."""
         self.launcher = launcher
+        self.addresses = addresses
         self.kv_event_log = KvEventLog(block_size)  # KvEventSource: the core's, forwarded
         self.info = EngineInfo(model_id=model_id, max_model_len=0, vocab_size=0, eos_token_ids=())
         self.tokenizer_dir: str | None = None
@@ -108,7 +117,7 @@ class CoreClient:
         except asyncio.CancelledError:
             if not self._exited:
                 raise
-            first = m.Dead(f"engine core process exited (code {self.launcher.exitcode})")
+            first = m.Dead(self._exit_detail())
         if not isinstance(first, m.Ready):
             detail = first.detail if isinstance(first, m.Dead) else "no handshake"
             self._die(detail)  # stop() joins the core and closes the sockets
@@ -293,11 +302,14 @@ class CoreClient:
             return
         if self._stopping:
             return  # Stop's Dead(stopped) is in the pipe; the reader ends on it
-        code = self.launcher.exitcode
         if self._state != "dead":
-            self._die(f"engine core process exited (code {code})")
+            self._die(self._exit_detail())
         if self._reader is not None:
             self._reader.cancel()
+
+    def _exit_detail(self) -> str:
+        code = self.launcher.exitcode  # None: not this process's child (attach.AttachedCore)
+        return "engine core process exited" + ("" if code is None else f" (code {code})")
 
     def _die(self, detail: str) -> None:
         self._state = "dead" if detail else "draining"
@@ -313,12 +325,7 @@ class CoreClient:
         self._replies.clear()
 
     def _bind(self) -> Addresses:
-        if self.launcher.transport == "ipc":
-            self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
-            base = f"ipc://{self._dir}/"
-        else:
-            base = f"inproc://core-{id(self)}-"
-        addrs = Addresses(base + "in", base + "out", base + "probe")
+        addrs = self.addresses or self._own_addresses()
         self._inbox = self._ctx.socket(zmq.PUSH)
         self._inbox.setsockopt(zmq.SNDHWM, 0)
         self._inbox.bind(addrs.inbox)
@@ -330,6 +337,14 @@ class CoreClient:
         self._probe.setsockopt(zmq.REQ_CORRELATE, 1)
         self._probe.bind(addrs.probe)
         return addrs
+
+    def _own_addresses(self) -> Addresses:
+        if self.launcher.transport == "ipc":
+            self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
+            base = f"ipc://{self._dir}/"
+        else:
+            base = f"inproc://core-{id(self)}-"
+        return Addresses(base + "in", base + "out", base + "probe")
 
     def _unwatch(self) -> None:
         if self._watching is not None and self._loop is not None:

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import msgspec
 import zmq
 
 from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.core import shm_blob
+from trtllm_gateway.engine.core.pipes import ManyPipes, OnePipe, Pipes
 
 logger = logging.getLogger(__name__)
 
@@ -73,48 +73,54 @@ class Core(Protocol):
 def run_core(
     make_core: Callable[[], Core],
     ctx: zmq.Context[zmq.Socket[bytes]],
-    addrs: Addresses,
+    addrs: Addresses | tuple[Addresses, ...],
     parent_sentinel: int | None = None,
     shares_gil: bool = False,
 ) -> int:
     """Load the core, then serve until Stop; the exit status (0 after Stop, 1 on failure).
 
+    addrs: one client's, or each API server's (--api-server-count, pipes.ManyPipes).
     shares_gil: the loop runs in a thread of the gateway (inproc.py), beside its event loop.
     """
-    inbox = ctx.socket(zmq.PULL)
-    outbox = ctx.socket(zmq.PUSH)
-    outbox.setsockopt(zmq.SNDHWM, 0)
-    inbox.connect(addrs.inbox)
-    outbox.connect(addrs.outbox)
+    clients = (addrs,) if isinstance(addrs, Addresses) else addrs
+    pipes: Pipes = (
+        OnePipe(ctx, addrs.inbox, addrs.outbox)
+        if isinstance(addrs, Addresses)
+        else ManyPipes(ctx, [(a.inbox, a.outbox) for a in clients])
+    )
     stop_probe = threading.Event()
     probe: threading.Thread | None = None
     # KV blobs go through shared memory only to another process (inproc:// frames are not copied).
     shared: collections.deque[str] | None = None
-    if addrs.outbox.startswith("ipc://"):
+    if clients[0].outbox.startswith("ipc://"):
         shared = collections.deque(maxlen=SHARED_KEPT)
     status = 1
     try:
         try:
             core = make_core()
-            outbox.send(m.encode(core.load(lambda d: outbox.send(m.encode(m.Loading(d))))))
-            outbox.send(m.encode(core.batch()))  # what loading produced (the first KV event)
+            pipes.send(core.load(lambda d: pipes.send(m.Loading(d))))
+            pipes.send_batch(core.batch())  # what loading produced (the first KV event)
         except Exception as e:
             logger.exception("engine core failed to load")
-            outbox.send(m.encode(m.Dead(f"model failed to load: {e}")))
+            pipes.send(m.Dead(f"model failed to load: {e}"))
             return 1
+        probes = [a.probe for a in clients]
         probe = threading.Thread(
-            target=_answer_probes, args=(core, ctx, addrs.probe, stop_probe), daemon=True
+            target=_answer_probes, args=(core, ctx, probes, stop_probe), daemon=True
         )
         probe.start()
         try:
             yield_gil = shares_gil and core.steps_on_cpu
-            status = _serve(core, inbox, outbox, parent_sentinel, shared, yield_gil)
+            status = _serve(core, pipes, parent_sentinel, shared, yield_gil)
             if status == PARENT_GONE and parent_sentinel is not None:
-                _remove_socket_dir(addrs)
+                if isinstance(pipes, ManyPipes):  # API servers outlive their supervisor a moment
+                    pipes.send(m.Dead("the gateway's supervisor process is gone"))
+                for client in clients:
+                    _remove_socket_dir(client)
             return status
         except Exception as e:  # a loop bug: still tell the client, which fails its streams
             logger.exception("engine core loop failed")
-            outbox.send(m.encode(m.Dead(f"engine core failed: {e}")))
+            pipes.send(m.Dead(f"engine core failed: {e}"))
             return 1
     finally:
         if status != 0 and shared:
@@ -125,25 +131,23 @@ def run_core(
         stop_probe.set()
         if probe is not None:
             probe.join(2 * PROBE_POLL_MS / 1000)
-        inbox.close(linger=0)
-        outbox.close(linger=2000)  # the last batch and Dead reach the client
+        pipes.close()
 
 
 def _serve(
     core: Core,
-    inbox: zmq.Socket[bytes],
-    outbox: zmq.Socket[bytes],
+    pipes: Pipes,
     parent: int | None,
     shared: collections.deque[str] | None,
     yield_gil: bool,
 ) -> int:
     poller = zmq.Poller()
-    poller.register(inbox, zmq.POLLIN)
+    for inbox in pipes.inboxes:
+        poller.register(inbox, zmq.POLLIN)
     if parent is not None:
         poller.register(parent, zmq.POLLIN)
     if core.wake_fd is not None:
         poller.register(core.wake_fd, zmq.POLLIN)
-    last: m.OutputBatch | None = None
     while True:
         if core.has_work():
             timeout_ms: int | None = 0
@@ -154,25 +158,19 @@ def _serve(
         if parent is not None and parent in ready:
             logger.warning("the gateway process is gone; the engine core exits")
             return PARENT_GONE
-        _drain_inbox(core, inbox, outbox, shared)
+        pipes.drain(core, shared)
         if core.stopping:
-            outbox.send(m.encode(core.batch()))
-            outbox.send(m.encode(m.Dead("stopped", stopped=True)))
+            pipes.send_batch(core.batch())
+            pipes.send(m.Dead("stopped", stopped=True))
             return 0
         try:
             core.step()
         except Exception as e:  # an engine bug: every request fails, the core is dead
             logger.exception("engine step failed")
-            outbox.send(m.encode(core.batch()))
-            outbox.send(m.encode(m.Dead(f"engine step failed: {e}")))
+            pipes.send_batch(core.batch())
+            pipes.send(m.Dead(f"engine step failed: {e}"))
             return 1
-        # A wake-up ends in a batch when it changed something: a step's tokens, a message's
-        # effect (an abort), an idle tick that expired a KV hand-off (the health it carries).
-        # An unchanged empty one is not sent: a stream of them kept the client's reader busy.
-        batch = core.batch()
-        if last is None or _changed(batch, last):
-            outbox.send(m.encode(batch))
-            last = batch
+        pipes.send_batch(core.batch(), always=False)
         if yield_gil:
             # In a thread beside the event loop, hand it the GIL between CPU steps. A CPU step
             # is hundreds of eager ops that each drop and retake the GIL; letting the loop
@@ -181,16 +179,6 @@ def _serve(
             # drops the GIL only while it waits on the GPU, which is when the loop should run:
             # there the yield cost 7-34% of offline and ~20% of served throughput (H100, 135M).
             time.sleep(0)
-
-
-def _changed(batch: m.OutputBatch, last: m.OutputBatch) -> bool:
-    return bool(
-        batch.events
-        or batch.errors
-        or batch.kv_events
-        or batch.health != last.health
-        or batch.remote_encode != last.remote_encode
-    )
 
 
 def _remove_socket_dir(addrs: Addresses) -> None:
@@ -206,32 +194,13 @@ def _remove_socket_dir(addrs: Addresses) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _drain_inbox(
-    core: Core,
-    inbox: zmq.Socket[bytes],
-    outbox: zmq.Socket[bytes],
-    shared: collections.deque[str] | None,
-) -> None:
-    """shared: the shared memory segments handed out lately (None: blobs go as frames)."""
-    while True:
-        try:
-            frames = inbox.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return
-        reply = core.handle(m.decode_inbound(frames[0]), frames[1:])
-        if reply is not None:
-            msg, blob = reply
-            if blob is not None and shared is not None and (name := shm_blob.put(blob)):
-                shared.append(name)
-                msg, blob = msgspec.structs.replace(msg, shm=name, size=len(blob)), None
-            outbox.send_multipart([m.encode(msg)] if blob is None else [m.encode(msg), blob])
-
-
 def _answer_probes(
-    core: Core, ctx: zmq.Context[zmq.Socket[bytes]], address: str, stop: threading.Event
+    core: Core, ctx: zmq.Context[zmq.Socket[bytes]], addresses: list[str], stop: threading.Event
 ) -> None:
+    # One REP connected to every client's REQ: it answers each on the pipe its probe came in.
     sock = ctx.socket(zmq.REP)
-    sock.connect(address)
+    for address in addresses:
+        sock.connect(address)
     try:
         while not stop.is_set():
             if not sock.poll(PROBE_POLL_MS):

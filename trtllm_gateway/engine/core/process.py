@@ -44,6 +44,10 @@ class ProcessLauncher:
         self._pidfd: int | None = None
 
     def start(self, ctx: zmq.Context[zmq.Socket[bytes]], addrs: Addresses) -> None:
+        self.launch(addrs)
+
+    def launch(self, addrs: Addresses | tuple[Addresses, ...]) -> None:
+        """Start the core for one client, or for each API server (--api-server-count)."""
         payload = pickle.dumps((self.factory, self.log_level, addrs))
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "trtllm_gateway.engine.core.process"],

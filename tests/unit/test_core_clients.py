@@ -1,0 +1,151 @@
+"""One core, several CoreClients (--api-server-count): the loop's ManyPipes over real ipc://
+sockets, against the scripted core of test_core_client.py, in a thread (no spawn, no torch).
+
+The real model behind two API server processes is tests/e2e/test_api_servers.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from tests.unit.test_core_client import BOOM, ScriptedCore, drain, req
+from trtllm_gateway.engine.core import messages as m
+from trtllm_gateway.engine.core.attach import AttachedCore
+from trtllm_gateway.engine.core.client import CoreClient
+from trtllm_gateway.engine.core.loop import Addresses, run_core
+from trtllm_gateway.engine.protocol import EngineDeadError, InvalidRequestError
+
+
+class SharedCore:
+    """run_core in a thread for `count` clients; `code` is its exit status once it ended."""
+
+    def __init__(self, folder: Path, count: int, core: ScriptedCore | None = None) -> None:
+        self.addresses = tuple(
+            Addresses(f"ipc://{folder}/in-{i}", f"ipc://{folder}/out-{i}", f"ipc://{folder}/p-{i}")
+            for i in range(count)
+        )
+        self.core = core or ScriptedCore()
+        self.code: int | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.code = run_core(lambda: self.core, self._ctx, self.addresses)
+
+    def client(self, index: int) -> CoreClient:
+        return CoreClient(AttachedCore(None), "scripted", 16, self.addresses[index])
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+@pytest.fixture
+async def two(tmp_path: Path) -> AsyncIterator[tuple[SharedCore, CoreClient, CoreClient]]:
+    shared = SharedCore(tmp_path, 2)
+    a, b = shared.client(0), shared.client(1)
+    await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 10)
+    yield shared, a, b
+    await asyncio.gather(a.stop(), b.stop())
+    assert shared.join(5)
+
+
+async def tokens(client: CoreClient, rid: str, n: int) -> list[int]:
+    return [t async for ev in client.generate(req(rid, max_tokens=n)) for t in ev.token_ids]
+
+
+async def test_each_client_gets_its_own_requests_even_with_the_same_id(
+    two: tuple[SharedCore, CoreClient, CoreClient],
+) -> None:
+    shared, a, b = two
+    got = await asyncio.gather(tokens(a, "same", 3), tokens(b, "same", 5), tokens(a, "x", 2))
+    assert got == [[101, 102, 103], [101, 102, 103, 104, 105], [101, 102]]
+    # Inside the core the ids are qualified by the client's index: unique across servers.
+    assert sorted(add.request_id for add in shared.core.added) == ["0/same", "0/x", "1/same"]
+    assert a.cached_prefix_tokens(tuple(range(10))) == 5
+    assert b.cached_prefix_tokens(tuple(range(4))) == 2
+    # Both see the one core's health (the running batch is the core's, not per client).
+    held = b.generate(req("held", max_tokens=60))
+    await held.__anext__()
+    for _ in range(100):
+        if a.health().running == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert a.health().running == 1
+    await held.aclose()
+
+
+async def test_one_client_stopping_leaves_the_other_serving(tmp_path: Path) -> None:
+    shared = SharedCore(tmp_path, 2)
+    a, b = shared.client(0), shared.client(1)
+    await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 10)
+    open_a = a.generate(req("r", max_tokens=60))
+    open_b = b.generate(req("r", max_tokens=30))
+    await open_a.__anext__()
+    await open_b.__anext__()
+    await a.stop()  # drain timed out on server 0: its requests end with abort, b's go on
+    assert (await drain(open_a))[-1].finish_reason == "abort"
+    assert a.health().state == "draining"
+    assert shared.code is None and b.health().state == "ready"
+    assert (await drain(open_b))[-1].finish_reason == "length"
+    assert await tokens(b, "after", 2) == [101, 102]
+    await b.stop()  # the last client: the core stops
+    assert shared.join(5) and shared.code == 0
+
+
+async def test_a_dead_core_fails_every_client(
+    two: tuple[SharedCore, CoreClient, CoreClient],
+) -> None:
+    _, a, b = two
+    victim = a.generate(req("victim", max_tokens=60))
+    await victim.__anext__()
+    with pytest.raises(EngineDeadError, match="scripted engine bug"):
+        await drain(b.generate(req("boom", prompt=(BOOM,))))
+    with pytest.raises(EngineDeadError, match="scripted engine bug"):
+        await drain(victim)
+    assert a.health().state == b.health().state == "dead"
+
+
+class HoldingCore(ScriptedCore):
+    """Holds the KV of every hold_kv Add (a context phase) until exported or released."""
+
+    def handle(self, msg: m.Inbound, frames: list[bytes]) -> tuple[m.Reply, bytes | None] | None:
+        if isinstance(msg, m.Add) and msg.hold_kv:
+            super().handle(msg, frames)
+            self.blobs[msg.request_id] = msg.request_id.encode()
+            return None
+        if isinstance(msg, m.ExportKv):
+            blob = self.blobs.pop(msg.request_id, None)
+            if blob is None:
+                return m.Reply(msg.cookie, m.RequestError("invalid", "no KV held")), None
+            return m.Reply(msg.cookie), blob
+        if isinstance(msg, m.ReleaseKv):
+            self.blobs.pop(msg.request_id, None)
+        return super().handle(msg, frames)
+
+
+async def test_held_kv_is_pulled_through_any_client(tmp_path: Path) -> None:
+    """A prefill sibling's context phase ran on one server; the decode side's pull (another HTTP
+    request) may land on the other."""
+    shared = SharedCore(tmp_path, 2, HoldingCore())
+    a, b = shared.client(0), shared.client(1)
+    await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 10)
+    try:
+        await a.prefill(req("ctx"))
+        assert await b.pull_kv("ctx") == b"0/ctx"  # held under server 0's qualified id
+        with pytest.raises(InvalidRequestError, match="no KV held"):
+            await a.pull_kv("ctx")  # pulled once
+        await b.prefill(req("other"))
+        a.release_kv("other")
+        with pytest.raises(InvalidRequestError, match="no KV held"):
+            await b.pull_kv("other")
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+    assert shared.join(5)

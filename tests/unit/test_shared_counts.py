@@ -1,0 +1,64 @@
+"""Admission over SharedCounts (--api-server-count): two Admissions on one counts file stand for
+two API server processes; each maps the file and locks it on its own descriptor, as they do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trtllm_gateway.app.admission import Admission
+from trtllm_gateway.app.errors import ServiceUnavailableError
+from trtllm_gateway.app.shared_counts import SharedCounts
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> tuple[Admission, Admission]:
+    path = str(tmp_path / "admission")
+    SharedCounts.create(path)
+    return (
+        Admission(running=2, queued=1, shared=SharedCounts(path)),
+        Admission(running=2, queued=1, shared=SharedCounts(path)),
+    )
+
+
+def test_the_limit_counts_both_servers(pair: tuple[Admission, Admission]) -> None:
+    a, b = pair
+    held = [a.reserve(), a.reserve(), b.reserve()]  # capacity 3: 2 running + 1 queued
+    with pytest.raises(ServiceUnavailableError) as exc:
+        b.reserve()  # b holds one itself: only the shared count refuses it
+    assert exc.value.code == "queue_full"
+    with pytest.raises(ServiceUnavailableError):
+        a.reserve()
+    assert (a.in_flight, b.in_flight) == (2, 1)  # each its own (its drain waits for these)
+    assert a.total_in_flight == b.total_in_flight == 3
+    assert a.queued == b.queued == 1
+    assert a.rejections() == b.rejections() == {"queue_full": 2, "draining": 0}
+    held[0].release()
+    held[0].release()  # idempotent: counted back once
+    assert b.total_in_flight == 2
+    b.reserve().release()
+    for slot in held[1:]:
+        slot.release()
+    assert a.total_in_flight == 0
+
+
+def test_an_idle_gateway_admits_a_request_past_the_limit(
+    pair: tuple[Admission, Admission],
+) -> None:
+    a, b = pair
+    big = b.reserve(weight=5)  # nothing in flight on any server
+    with pytest.raises(ServiceUnavailableError):
+        a.reserve()
+    big.release()
+    a.reserve().release()
+
+
+def test_draining_refusals_are_counted_once_for_all(pair: tuple[Admission, Admission]) -> None:
+    a, b = pair
+    a.close()
+    with pytest.raises(ServiceUnavailableError) as exc:
+        a.reserve()
+    assert exc.value.code == "draining"
+    assert b.rejections() == {"queue_full": 0, "draining": 1}
+    b.reserve().release()  # closing one server's admission leaves the other's open

@@ -1,0 +1,74 @@
+"""SharedCounts: admission's counters shared by the API servers of --api-server-count N.
+
+The supervisor creates one small file; each server maps it and changes it under an exclusive
+flock, so "in flight" and the refusals count every server's requests: a request over the limit
+gets its 503 whichever process accepted its connection. A reservation costs one lock round (a few
+microseconds), once per request, never per token. A server that dies holding slots would leak
+them, but then the supervisor stops every server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+
+_FIELDS = ("in_flight", "queue_full", "draining")
+_LAYOUT = struct.Struct(f"<{len(_FIELDS)}q")
+
+
+class SharedCounts:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, _LAYOUT.size)
+
+    @staticmethod
+    def create(path: str) -> None:
+        """The zeroed file, made once by the supervisor before any server starts."""
+        with open(path, "wb") as f:
+            f.write(bytes(_LAYOUT.size))
+
+    def try_reserve(self, weight: int, capacity: int | None) -> bool:
+        """Add weight to in_flight unless that passes capacity while others are in flight
+        (an idle gateway admits any request); a refusal counts as queue_full."""
+        with self._locked() as counts:
+            in_flight = counts[0]
+            if capacity is not None and in_flight > 0 and in_flight + weight > capacity:
+                counts[1] += 1
+                return False
+            counts[0] += weight
+            return True
+
+    def release(self, weight: int) -> None:
+        with self._locked() as counts:
+            counts[0] = max(0, counts[0] - weight)
+
+    def refused_draining(self) -> None:
+        with self._locked() as counts:
+            counts[2] += 1
+
+    @property
+    def in_flight(self) -> int:
+        return int(_LAYOUT.unpack_from(self._map)[0])
+
+    def rejected(self) -> dict[str, int]:
+        _, queue_full, draining = _LAYOUT.unpack_from(self._map)
+        return {"queue_full": queue_full, "draining": draining}
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[list[int]]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            counts = list(_LAYOUT.unpack_from(self._map))
+            yield counts
+            _LAYOUT.pack_into(self._map, 0, *counts)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
