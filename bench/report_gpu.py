@@ -41,7 +41,15 @@ def _ms(x: dict[str, float]) -> str:
 def summary(d: Path) -> str:
     env = (d / "env.txt").read_text().strip().splitlines() if (d / "env.txt").exists() else []
     hf, off135 = (_load(d, n) for n in ("hf_8b.json", "offline_135m.json"))
-    served = {name: _load(d, f"serve_{name}.json") for name in _HTTP}
+    http = dict(_HTTP)
+    for f in sorted(d.glob("serve_135m_si1_api*.json")):  # API_SERVERS=N runs
+        n = f.stem.removeprefix("serve_135m_si1_api")
+        http[f.stem.removeprefix("serve_")] = (
+            "135m",
+            f"one token per chunk, `--api-server-count {n}`",
+            0.95,
+        )
+    served = {name: _load(d, f"serve_{name}.json") for name in http}
     lines = ["Run: " + " | ".join(env), ""]
     lines += ["| # | Figure | Measured | Target | Met |", "|---|---|---|---|---|"]
     runs8: dict[str, dict[str, Any]] = {}
@@ -83,7 +91,7 @@ def summary(d: Path) -> str:
         )
     run135 = (off135.get("runs") or [{}])[0]
     offline = {"135m": run135, **runs8}
-    for name, (shape, label, target) in _HTTP.items():
+    for name, (shape, label, target) in http.items():
         srv, base = served[name], offline[shape]
         if not (base and srv.get("output_throughput")):
             continue
@@ -95,6 +103,15 @@ def summary(d: Path) -> str:
             f"{base['output_tok_s']:,.0f} output tok/s: **{frac:.0%}** ({srv['completed']} ok, "
             f"{srv['failed']} failed) | >= {target:.0%} | {'yes' if frac >= target else 'no'} |"
         )
+        if shape == "135m" and srv.get("chunk_throughput") and base.get("ttft_ms"):
+            chunks = srv["chunk_throughput"] / srv["output_throughput"]
+            ttft = srv["ttft_ms"]["p50"] / base["ttft_ms"]["p50"]
+            lines.append(
+                f"| 3b | {shape.upper()} {label}: chunks/s over tokens/s; TTFT p50 over offline | "
+                f"{chunks:.0%}; {srv['ttft_ms']['p50']:.0f} / {base['ttft_ms']['p50']:.0f} ms = "
+                f"{ttft:.1f}x | >= 90%; <= 2x | "
+                f"{'yes' if chunks >= 0.9 and ttft <= 2 else 'no'} |"
+            )
     lines += ["", "Latency (ms, mean / p50 / p90 / p99):", ""]
     lines += ["| Run | TTFT | TPOT | ITL (per chunk) |", "|---|---|---|---|"]
     named = [(f"{k.upper()} offline", r) for k, r in runs8.items()] + [("135M offline", run135)]
@@ -103,7 +120,7 @@ def summary(d: Path) -> str:
             lines.append(f"| {name} | {_ms(r['ttft_ms'])} | {_ms(r['tpot_ms'])} | - |")
     for name, srv in served.items():
         if srv.get("ttft_ms"):
-            shape, label, _ = _HTTP[name]
+            shape, label, _ = http[name]
             lines.append(
                 f"| {shape.upper()} HTTP, {label} | {_ms(srv['ttft_ms'])} | "
                 f"{_ms(srv['tpot_ms'])} | {_ms(srv['itl_ms'])} |"
