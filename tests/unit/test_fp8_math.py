@@ -151,3 +151,28 @@ def check_kv_handoff(device: torch.device) -> None:
 
 def test_kv_handoff_moves_fp8_bytes_and_refuses_other_layouts() -> None:
     check_kv_handoff(torch.device("cpu"))
+
+
+def test_a_gpu_without_fp8_is_refused_with_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8.unsupported on CUDA devices, the GPU stubbed: an A100 (8.0) is refused by name, an
+    H100 (9.0) and an L4 (8.9, Ada) pass; the loader raises the reason before loading."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _d=None: "NVIDIA A100-SXM4-80GB")
+    for cap, ok in (((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _d=None, c=cap: c)
+        why = fp8.unsupported(torch.device("cuda"))
+        assert (why is None) == ok, (cap, why)
+        if not ok:
+            assert why is not None and "A100" in why and f"{cap[0]}.{cap[1]}" in why
+
+
+def test_serve_refuses_fp8_before_starting_where_auto_is_a_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.configs import gateway
+    from trtllm_gateway.engine.factory import preflight
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for flags in ({"quantization": "fp8"}, {"kv_cache_dtype": "fp8"}):
+        with pytest.raises(ValueError, match=r"compute capability 8\.9 .* the device is cpu"):
+            preflight(gateway(**flags))
+    preflight(gateway())  # no FP8 asked: nothing to refuse

@@ -44,6 +44,15 @@ def preflight(config: GatewayConfig) -> None:
         from trtllm_gateway.engine.trtllm.loader import preflight as trtllm_preflight
 
         trtllm_preflight(engine, config.trtllm, encode_siblings(config.disagg))
+    if engine.engine == "builtin" and (engine.quantization == "fp8" or engine.fp8_kv):
+        # --device auto resolved here as the loader will: FP8 on a CPU or an older GPU fails
+        # now, not as a /health 503 after the server started.
+        from trtllm_gateway.engine.builtin.fp8 import unsupported
+        from trtllm_gateway.engine.builtin.placement import pick_device
+
+        reason = unsupported(pick_device(engine.device))
+        if reason is not None:
+            raise ValueError(reason)
     for path in engine.logits_processor:  # the engine imports it again where it runs
         load_class(path)
     if engine.engine == "fake" and not Path(engine.tokenizer or engine.model).is_dir():
