@@ -9,7 +9,6 @@ logprobs stay within a bound of float32's; the same arithmetic runs on the GPU i
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ from tests.engine.test_q8_activations import answer_logprobs
 from trtllm_gateway.engine.builtin import fp8
 from trtllm_gateway.engine.builtin.attention import paged_attention
 from trtllm_gateway.engine.builtin.fp8_linear import Fp8Linear, quantize_fp8
+from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest
 
 
@@ -34,44 +34,38 @@ def kv_as_fp8(
     return paged_attention(q, rt(k), rt(v), *args, **kwargs)
 
 
-async def gaps(
-    make_engine: EngineFactory, prompts: list[list[int]], weights: bool, kv: bool
-) -> torch.Tensor:
-    f32 = await make_engine(packed_weights="off")
-    emu = await make_engine(packed_weights="off")
-    model = loaded_model(emu)
+async def emulated(make_engine: EngineFactory, weights: bool, kv: bool) -> CoreClient:
+    engine = await make_engine(packed_weights="off")
+    model = loaded_model(engine)
     if weights:
         assert quantize_fp8(model, {}) == 4 * model.cfg.num_layers
     if kv:
-        model.attn_fn = functools.partial(kv_as_fp8)
-    out = []
-    for i, prompt in enumerate(prompts):
-        answer = await collect(f32, GenerateRequest(f"g{i}", tuple(prompt), greedy(32)))
-        seq = [*prompt, *(t for e in answer for t in e.token_ids)]
-        want = await answer_logprobs(f32, seq, len(prompt), f"f{i}")
-        got = await answer_logprobs(emu, seq, len(prompt), f"q{i}")
-        out.append((got - want).abs())
-    return torch.cat(out)
+        model.attn_fn = kv_as_fp8
+    return engine
 
 
 async def test_fp8_weights_and_kv_stay_close_to_float32(
     make_engine: EngineFactory, chat_prompts: list[list[int]]
 ) -> None:
-    gap = await gaps(make_engine, chat_prompts, weights=True, kv=True)
-    print(f"fp8 weights+kv: mean {gap.mean():.4f} max {gap.max():.4f} nats")
+    f32 = await make_engine(packed_weights="off")
+    both = await emulated(make_engine, weights=True, kv=True)
+    kv_only = await emulated(make_engine, weights=False, kv=True)
+    gaps: dict[str, list[torch.Tensor]] = {"both": [], "kv": []}
+    for i, prompt in enumerate(chat_prompts):
+        answer = await collect(f32, GenerateRequest(f"g{i}", tuple(prompt), greedy(32)))
+        seq = [*prompt, *(t for e in answer for t in e.token_ids)]
+        want = await answer_logprobs(f32, seq, len(prompt), f"f{i}")
+        for name, eng in (("both", both), ("kv", kv_only)):
+            got = await answer_logprobs(eng, seq, len(prompt), f"{name}{i}")
+            gaps[name].append((got - want).abs())
+    gap, kv = torch.cat(gaps["both"]), torch.cat(gaps["kv"])
+    print(f"fp8 weights+kv: mean {gap.mean():.4f} max {gap.max():.4f}; kv only: {kv.mean():.4f}")
     # Measured 2026-11-26 (SmolLM2-135M, these prompts x 32 tokens): mean 0.148, max 1.23 nats;
-    # per-token e4m3 activations are much coarser than int8 per 32 values (0.007-0.05 mean).
+    # the e4m3 KV alone 0.065 / 0.58. Per-token e4m3 activations are much coarser than int8 per
+    # 32 values (0.007-0.05 mean, test_q8_activations.py).
     assert gap.mean() < 0.2 and gap.max() < 2.0, (gap.mean(), gap.max())
     assert gap.mean() > 1e-3  # the emulation is on: e4m3 is not float32
-
-
-async def test_fp8_kv_alone_costs_less_than_fp8_weights(
-    make_engine: EngineFactory, chat_prompts: list[list[int]]
-) -> None:
-    kv = await gaps(make_engine, chat_prompts[:2], weights=False, kv=True)
-    both = await gaps(make_engine, chat_prompts[:2], weights=True, kv=True)
-    print(f"fp8 kv only: mean {kv.mean():.4f} max {kv.max():.4f}")
-    assert 0 < kv.mean() < both.mean()
+    assert 1e-3 < kv.mean() < gap.mean() and kv.max() < 1.0, (kv.mean(), kv.max())
 
 
 def test_emulated_layer_is_what_the_gpu_computes() -> None:
