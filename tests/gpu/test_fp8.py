@@ -250,3 +250,26 @@ async def test_fp8_engine_end_to_end(tmp_path: Path, graphs: bool) -> None:
 
 def test_kv_handoff_moves_fp8_bytes_on_the_gpu() -> None:
     check_kv_handoff(CUDA)
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_norm_and_silu_quantize_as_the_fp8_layer_would(rows: int) -> None:
+    """The decode path's fused RMSNorm / SiLU-mul + quantization give the bytes and scales that
+    quantize_rows gives on their bf16 outputs (what an Fp8Linear would have computed)."""
+    from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
+    from trtllm_gateway.engine.builtin.kernels.fused_ops import (
+        rms_norm,
+        rms_norm_fp8,
+        silu_mul,
+        silu_mul_fp8,
+    )
+
+    x = (torch.randn(rows, 4096, device=CUDA) * 3).to(torch.bfloat16)
+    w = torch.randn(4096, device=CUDA).to(torch.bfloat16)
+    q, s = rms_norm_fp8(x, w, 1e-5)
+    q2, s2 = quantize_rows(rms_norm(x, w, 1e-5))
+    assert torch.equal(s, s2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+    gu = (torch.randn(rows, 2 * 14336, device=CUDA) * 2).to(torch.bfloat16)
+    q, s = silu_mul_fp8(gu)
+    q2, s2 = quantize_rows(silu_mul(gu))
+    assert torch.equal(s, s2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))

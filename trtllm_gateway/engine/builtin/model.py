@@ -211,21 +211,26 @@ class LlamaModel(nn.Module):
         stream themselves (no split-K reduce, no separate add), so the norms need no add."""
         eps = self.cfg.rms_norm_eps
         t = residual.shape[0]
-        x = ops.rms_norm(residual, layers[0].input_layernorm.weight, eps)
+        first = layers[0]
+        x = ops.norm_for(residual, first.input_layernorm.weight, eps, first.self_attn.qkv_proj)
         for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
             at, mlp = layer.self_attn, layer.mlp
-            qkv = at.qkv_proj(x)
+            qkv = ops.project(x, at.qkv_proj)
             shape = (at.nq, at.nkv, at.hd)
             cos, sin, sc = self.rope.cos, self.rope.sin, at.kv_scales
             q = ops.rope_and_store(qkv, positions, cos, sin, kv, meta.slot_mapping, shape, sc)
             o = ops.attention(q, kv, meta, at.scale, sc)
             ops.add_linear(o.view(t, at.q_size), at.o_proj, residual)
-            x = ops.rms_norm(residual, layer.post_attention_layernorm.weight, eps)
-            act = ops.silu_mul(mlp.gate_up_proj(x))
+            post = layer.post_attention_layernorm.weight
+            x = ops.norm_for(residual, post, eps, mlp.gate_up_proj)
+            act = ops.silu_mul_for(ops.project(x, mlp.gate_up_proj), mlp.down_proj)
             ops.add_linear(act, mlp.down_proj, residual)
-            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.norm.weight
-            x = ops.rms_norm(residual, nxt, eps)
-        return x
+            if i + 1 < len(layers):
+                nxt = layers[i + 1]
+                w, then = nxt.input_layernorm.weight, nxt.self_attn.qkv_proj
+                x = ops.norm_for(residual, w, eps, then)
+        out = ops.rms_norm(residual, self.norm.weight, eps)  # the LM head's: model dtype
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

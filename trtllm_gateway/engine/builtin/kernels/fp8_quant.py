@@ -4,11 +4,20 @@ over the row that stays in registers (the rows of an 8B model are at most 14,336
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from trtllm_gateway.engine.builtin.fp8 import E4M3_MAX, FP8, MIN_SCALE
+
+
+class QuantRows(NamedTuple):
+    """Activations quantized per row for an FP8 GEMM: e4m3 [M, K] and float32 scales [M, 1]."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
 
 
 @triton.jit

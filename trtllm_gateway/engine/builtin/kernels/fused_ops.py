@@ -3,6 +3,10 @@
 Rounding follows HF Llama in the model dtype: the residual sum is rounded to the dtype before the
 norm, the normalised row is rounded before the weight multiply, silu(gate) is rounded before the
 product with up. One program per row (per row and column block for SiLU).
+
+The `_fp8` variants feed an Fp8Linear on the decode path: the same values, rounded to the model
+dtype, then quantized per row to e4m3 as fp8.quantize_rows does, in the same pass (one launch
+instead of two: 96 fewer a step for an 8B model).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from trtllm_gateway.engine.builtin.fp8 import FP8
 
 
 @triton.jit
@@ -23,7 +29,9 @@ def _rmsnorm_kernel(
     stride_o,
     n,
     eps,
+    s_ptr,
     ADD: tl.constexpr,
+    QUANT: tl.constexpr,  # out is e4m3, s_ptr gets the row's scale
     BLOCK: tl.constexpr,
 ) -> None:
     row = tl.program_id(0).to(tl.int64)
@@ -42,15 +50,51 @@ def _rmsnorm_kernel(
     var = tl.sum(xf * xf, 0) / n
     y = (xf * tl.rsqrt(var + eps)).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + c, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+    if QUANT:
+        _store_e4m3_row(
+            (w * y).to(x.dtype).to(tl.float32), out_ptr + row * stride_o + c, mask, s_ptr + row
+        )
+    else:
+        tl.store(out_ptr + row * stride_o + c, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_e4m3_row(v, ptr, mask, s_ptr) -> None:
+    """fp8.quantize_rows of one row held in registers (masked lanes are 0)."""
+    scale = tl.maximum(tl.max(tl.abs(v), 0) / 448.0, 1e-12)
+    tl.store(ptr, tl.clamp(v / scale, -448.0, 448.0).to(ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr, scale)
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Without residual: norm(x). With residual: residual += x in place, return norm(residual)."""
-    rows, n = x.shape
     out = torch.empty_like(x)
+    _rms_norm(x, weight, eps, residual, out, None)
+    return out
+
+
+def rms_norm_fp8(
+    x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm(x) quantized per row: (e4m3 [T, n], float32 scales [T, 1]) =
+    fp8.quantize_rows(rms_norm(x, weight, eps)), bit for bit."""
+    out = torch.empty(x.shape, dtype=FP8, device=x.device)
+    scales = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+    _rms_norm(x, weight, eps, None, out, scales)
+    return out, scales
+
+
+def _rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None,
+    out: torch.Tensor,
+    scales: torch.Tensor | None,
+) -> None:
+    rows, n = x.shape
     if rows:
         _rmsnorm_kernel[(rows,)](
             x,
@@ -62,11 +106,12 @@ def rms_norm(
             out.stride(0),
             n,
             eps,
+            scales if scales is not None else x,
             ADD=residual is not None,
+            QUANT=scales is not None,
             BLOCK=triton.next_power_of_2(n),
             num_warps=4 if n <= 4096 else 8,
         )
-    return out
 
 
 @triton.jit
@@ -92,3 +137,39 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
             gate_up, out, gate_up.stride(0), out.stride(0), n, BLOCK=block, num_warps=4
         )
     return out
+
+
+@triton.jit
+def _silu_mul_fp8_kernel(
+    gu_ptr, out_ptr, s_ptr, stride_gu, stride_o, n, BLOCK: tl.constexpr
+) -> None:
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    mask = c < n
+    g = tl.load(gu_ptr + row * stride_gu + c, mask=mask, other=0.0)
+    u = tl.load(gu_ptr + row * stride_gu + n + c, mask=mask, other=0.0).to(tl.float32)
+    gf = g.to(tl.float32)
+    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
+    _store_e4m3_row(
+        (act * u).to(g.dtype).to(tl.float32), out_ptr + row * stride_o + c, mask, s_ptr + row
+    )
+
+
+def silu_mul_fp8(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8.quantize_rows(silu_mul(gate_up)), bit for bit, in one launch (a program per row)."""
+    rows, two_n = gate_up.shape
+    n = two_n // 2
+    out = torch.empty((rows, n), dtype=FP8, device=gate_up.device)
+    scales = torch.empty((rows, 1), dtype=torch.float32, device=gate_up.device)
+    if rows:
+        _silu_mul_fp8_kernel[(rows,)](
+            gate_up,
+            out,
+            scales,
+            gate_up.stride(0),
+            out.stride(0),
+            n,
+            BLOCK=triton.next_power_of_2(n),
+            num_warps=8,
+        )
+    return out, scales

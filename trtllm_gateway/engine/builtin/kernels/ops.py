@@ -8,12 +8,20 @@ o_proj and down_proj into the residual stream in place.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
 from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
-from trtllm_gateway.engine.builtin.kernels.fused_ops import rms_norm, silu_mul
+from trtllm_gateway.engine.builtin.kernels.fp8_quant import QuantRows
+from trtllm_gateway.engine.builtin.kernels.fused_ops import (
+    rms_norm,
+    rms_norm_fp8,
+    silu_mul,
+    silu_mul_fp8,
+)
 from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_attention
 from trtllm_gateway.engine.builtin.kernels.rope_store import rope_and_store
 from trtllm_gateway.engine.builtin.kernels.skinny_gemm import MAX_ROWS, skinny_fp8, skinny_linear
@@ -28,15 +36,44 @@ class KernelOps:
         """bf16/fp16 steps of at most MAX_ROWS tokens (fp32 keeps cuBLAS: tl.dot would be tf32)."""
         return self.skinny and 0 < x.shape[0] <= MAX_ROWS and x.dtype != torch.float32
 
-    def add_linear(self, x: torch.Tensor, layer: nn.Module, residual: torch.Tensor) -> None:
+    def add_linear(
+        self, x: torch.Tensor | QuantRows, layer: nn.Module, residual: torch.Tensor
+    ) -> None:
         """residual += layer(x) in one skinny GEMM: an nn.Linear without bias, or an Fp8Linear
         (e4m3 weight with its per-channel weight_scale)."""
         assert layer.bias is None
         scale = getattr(layer, "weight_scale", None)
         if scale is None:
+            assert isinstance(x, torch.Tensor)
             skinny_linear(x, layer.weight, residual)
         else:
-            skinny_fp8(x, layer.weight, scale, residual)
+            skinny_fp8(x, layer.weight, scale, residual, out_dtype=residual.dtype)
+
+    # The skinny path's activations for an Fp8Linear come quantized per row out of the kernel
+    # that makes them (RMSNorm, SiLU-mul): one launch each instead of two.
+
+    def norm_for(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, then: nn.Module | None
+    ) -> torch.Tensor | QuantRows:
+        """rms_norm(x), as `then` (the layer it feeds; None: the LM head) takes it."""
+        if _is_fp8(then):
+            return QuantRows(*rms_norm_fp8(x, weight, eps))
+        return rms_norm(x, weight, eps)
+
+    def silu_mul_for(self, gate_up: torch.Tensor, then: nn.Module) -> torch.Tensor | QuantRows:
+        return QuantRows(*silu_mul_fp8(gate_up)) if _is_fp8(then) else silu_mul(gate_up)
+
+    def project(self, x: torch.Tensor | QuantRows, layer: nn.Module) -> torch.Tensor:
+        """layer(x) for what norm_for made."""
+        if not isinstance(x, QuantRows):
+            out: torch.Tensor = layer(x)
+            return out
+        w, scale, bias = layer.weight, layer.weight_scale, layer.bias  # an Fp8Linear's
+        assert isinstance(w, torch.Tensor) and isinstance(scale, torch.Tensor)
+        out = skinny_fp8(x, w, scale, out_dtype=cast(torch.dtype, layer.out_dtype))
+        if bias is not None:
+            out += cast(torch.Tensor, bias)
+        return out
 
     def rms_norm(
         self,
@@ -107,3 +144,7 @@ class KernelOps:
                 kv_scales,
             )
         return out
+
+
+def _is_fp8(layer: nn.Module | None) -> bool:
+    return layer is not None and getattr(layer, "weight_scale", None) is not None

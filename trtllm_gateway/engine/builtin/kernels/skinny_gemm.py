@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from trtllm_gateway.engine.builtin.kernels.fp8_quant import QuantRows, quantize_rows
+
 MAX_ROWS = 16
 
 
@@ -91,16 +93,14 @@ def skinny_linear(
     num_warps: int = 4,
     widen: int = 0,
     out_dtype: torch.dtype | None = None,
+    x_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [M, K], M <= 16; weight: [N, K] (e4m3 with scale: [N] float32). With residual [M, N]:
     residual += x @ W.T, returned. The output is in x's dtype."""
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and x.stride(1) == 1 and weight.stride(1) == 1
-    x_scale = None
-    if widen == 2:
-        from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
-
+    if widen == 2 and x_scale is None:  # else x is e4m3 already, quantized per row
         out_dtype = out_dtype or x.dtype
         x, x_scale = quantize_rows(x)
     dt = out_dtype or x.dtype
@@ -143,14 +143,18 @@ def fp8_tiles(n: int, k: int) -> tuple[int, int, int]:
 
 
 def skinny_fp8(
-    x: torch.Tensor,
+    x: torch.Tensor | QuantRows,
     weight: torch.Tensor,
     scale: torch.Tensor,
     residual: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """x [M, K] bf16/fp16, M <= 16; weight e4m3 [N, K] with scale [N]: x @ (W * scale).T with x
-    rounded to e4m3 per row, in x's dtype (into residual when given)."""
+    """x [M, K] bf16/fp16 (M <= 16), or already quantized per row; weight e4m3 [N, K] with scale
+    [N]: x @ (W * scale).T with x rounded to e4m3 per row, in x's dtype (a QuantRows: out_dtype),
+    into residual when given."""
     bn, bk, stages = fp8_tiles(*weight.shape)
-    return skinny_linear(
-        x, weight, residual, scale, bn, bk, stages, num_warps=4, widen=2, out_dtype=x.dtype
-    )
+    if isinstance(x, QuantRows):
+        return skinny_linear(
+            x.q, weight, residual, scale, bn, bk, stages, 4, 2, out_dtype, x_scale=x.scales
+        )
+    return skinny_linear(x, weight, residual, scale, bn, bk, stages, 4, 2, x.dtype)
