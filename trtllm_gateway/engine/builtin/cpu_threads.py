@@ -8,27 +8,62 @@ concurrency 1 was 1.5 tok/s with torch's 2 threads against 16.2 tok/s with OMP_N
 (docs/benchmarks.md, "AVX2-only CPUs"). Calls below MIN_PARALLEL_FMAS multiply-adds (about
 1 ms on one AVX2 core) therefore run on the calling thread; larger ones (the LM head, steps of
 many rows, prefill) keep torch's threads, where the work amortizes a barrier.
+
+When the process's threads do get their cores (run_queue.py: they wait for a CPU less than
+FREE_BELOW of the time), a barrier costs a futex wake, tens of microseconds, and calls from
+MIN_PARALLEL_FMAS_FREE up run on both threads: a batch-8 decode step's projections and attention
+split in two instead of running on one core (-19% step time on the idle 2-core Xeon with the
+AVX2 kernels, docs/benchmarks.md). Above CONTENDED_ABOVE the conservative threshold is back.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
 import torch
 
-MIN_PARALLEL_FMAS = 8_000_000
+from trtllm_gateway.engine.builtin.run_queue import RunQueueWait
+
+logger = logging.getLogger(__name__)
+
+MIN_PARALLEL_FMAS = 8_000_000  # while other work contends for the cores (and until measured)
+MIN_PARALLEL_FMAS_FREE = 2_000_000  # while this process's threads get theirs
+CONTENDED_ABOVE = 0.15  # run-queue wait share (cpu-seconds waited a second) that means contended
+FREE_BELOW = 0.05  # and that means free; between the two the previous state holds
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
+class ThreadPolicy:
+    """The multiply-adds from which a call gets torch's threads, from the measured contention."""
+
+    def __init__(self, wait: RunQueueWait | None = None) -> None:
+        self._wait = wait or RunQueueWait()
+        self.contended = True  # conservative until a sample says otherwise
+
+    def min_parallel_fmas(self) -> int:
+        share = self._wait.share()
+        if share is not None:
+            contended = share > CONTENDED_ABOVE or (self.contended and share >= FREE_BELOW)
+            if contended != self.contended:
+                state = "contended" if contended else "free"
+                logger.debug("CPU threads %s (run-queue wait share %.2f)", state, share)
+            self.contended = contended
+        return MIN_PARALLEL_FMAS if self.contended else MIN_PARALLEL_FMAS_FREE
+
+
+POLICY = ThreadPolicy()  # one per process, as the OpenMP pool it sizes calls for
+
+
 @contextmanager
-def threads_for(fmas: int) -> Iterator[None]:
+def threads_for(fmas: int, policy: ThreadPolicy = POLICY) -> Iterator[None]:
     """torch's threads for a call of `fmas` multiply-adds, or just this one if it is small."""
     n = torch.get_num_threads()
-    if fmas >= MIN_PARALLEL_FMAS or n == 1:
+    if n == 1 or fmas >= policy.min_parallel_fmas():
         yield
         return
     torch.set_num_threads(1)  # about 0.5 us; the OpenMP pool stays
