@@ -10,10 +10,14 @@ concurrency 1 was 1.5 tok/s with torch's 2 threads against 16.2 tok/s with OMP_N
 many rows, prefill) keep torch's threads, where the work amortizes a barrier.
 
 When the process's threads do get their cores (run_queue.py: they wait for a CPU less than
-FREE_BELOW of the time), a barrier costs a futex wake, tens of microseconds, and calls from
-MIN_PARALLEL_FMAS_FREE up run on both threads: a batch-8 decode step's projections and attention
-split in two instead of running on one core (-19% step time on the idle 2-core Xeon with the
-AVX2 kernels, docs/benchmarks.md). Above CONTENDED_ABOVE the conservative threshold is back.
+FREE_BELOW of the time), waking a passive thread costs microseconds, and every call runs on both
+threads (MIN_PARALLEL_FMAS_FREE = 0): measured on the 2-core Xeon with the AVX2 kernels, a
+batch-8 decode step took 54 ms instead of 74 with the machine idle, and even a batch-1 step's
+120 projection calls (0.3-1.8M multiply-adds each) took 5.0 ms on two threads against 9.3 on one
+(int8; float32 10.6 against 16.6; docs/benchmarks.md). Above CONTENDED_ABOVE the conservative
+threshold is back.
+The kernels split their work by output columns or by (row, KV head), so the number of threads
+never changes a result's bits, only its time.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from trtllm_gateway.engine.builtin.run_queue import RunQueueWait
 logger = logging.getLogger(__name__)
 
 MIN_PARALLEL_FMAS = 8_000_000  # while other work contends for the cores (and until measured)
-MIN_PARALLEL_FMAS_FREE = 2_000_000  # while this process's threads get theirs
+MIN_PARALLEL_FMAS_FREE = 0  # while this process's threads get theirs: every call
 CONTENDED_ABOVE = 0.15  # run-queue wait share (cpu-seconds waited a second) that means contended
 FREE_BELOW = 0.05  # and that means free; between the two the previous state holds
 
@@ -60,10 +64,11 @@ POLICY = ThreadPolicy()  # one per process, as the OpenMP pool it sizes calls fo
 
 
 @contextmanager
-def threads_for(fmas: int, policy: ThreadPolicy = POLICY) -> Iterator[None]:
-    """torch's threads for a call of `fmas` multiply-adds, or just this one if it is small."""
+def threads_for(fmas: int, policy: ThreadPolicy | None = None) -> Iterator[None]:
+    """torch's threads for a call of `fmas` multiply-adds, or just this one if it is small
+    (by `policy`, default the process's POLICY)."""
     n = torch.get_num_threads()
-    if n == 1 or fmas >= policy.min_parallel_fmas():
+    if n == 1 or fmas >= (policy or POLICY).min_parallel_fmas():
         yield
         return
     torch.set_num_threads(1)  # about 0.5 us; the OpenMP pool stays
