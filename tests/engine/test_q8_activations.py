@@ -59,7 +59,7 @@ def test_quantize_matches_definition(kernels: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("rows", [1, 5, 8, 33, 200])
+@pytest.mark.parametrize("rows", [1, 6, 7, 8, 33, 200])  # AVX2: 4-row tiles and each remainder
 def test_int8_kernel_is_weights_times_quantized_activations(
     kernels: Any, kind: str, rows: int
 ) -> None:

@@ -42,6 +42,10 @@ from trtllm_gateway.engine.model_source import resolve_model
 logger = logging.getLogger(__name__)
 
 CPU_KV_BUDGET_BYTES = 1 << 30  # --kv-cache-fraction applies to this on CPU
+# A decode-attention multiply-add streams its K/V operand from memory once, with no reuse in
+# registers: on one AVX2 core it ran at 5.2 GFMA/s against the packed projections' ~18 at 8-32
+# rows (docs/benchmarks.md, issue 28), so cpu_threads.py sizes it as about 4 projection ones.
+ATTN_FMA_COST = 4
 
 
 @dataclass(slots=True)
@@ -209,6 +213,6 @@ def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> Non
 def _attn_fmas(
     q: torch.Tensor, _k: torch.Tensor, _v: torch.Tensor, meta: AttentionMetadata, _scale: float
 ) -> int:
-    """A decode step's attention multiply-adds, at most: rows x heads x head_dim x the longest
-    context, twice (scores, then values)."""
-    return 2 * q.numel() * meta.decode_len
+    """A decode step's attention in the projections' multiply-adds: rows x heads x head_dim x the
+    longest context, twice (scores, then values), times ATTN_FMA_COST."""
+    return ATTN_FMA_COST * 2 * q.numel() * meta.decode_len

@@ -54,6 +54,7 @@ inline vf vround(vf x) {
   return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 inline vf vcvt(vi v) { return _mm512_cvtepi32_ps(v); }
+inline vi vcvt_int(vf v) { return _mm512_cvtps_epi32(v); }  // rounds to nearest even
 inline vi vu8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
 inline vi vs8(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)); }
 inline vi vand(vi a, int m) { return _mm512_and_si512(a, _mm512_set1_epi32(m)); }
@@ -81,6 +82,7 @@ inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 inline vf vfnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
 inline vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vf vcvt(vi v) { return _mm256_cvtepi32_ps(v); }
+inline vi vcvt_int(vf v) { return _mm256_cvtps_epi32(v); }
 inline vi vu8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
 inline vi vs8(const int8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
 inline vi vand(vi a, int m) { return _mm256_and_si256(a, _mm256_set1_epi32(m)); }
@@ -120,6 +122,7 @@ inline vf vround(vf x) {
   return x;
 }
 inline vf vcvt(vi v) { return __builtin_convertvector(v, vf); }
+inline vi vcvt_int(vf v) { return __builtin_convertvector(v, vi); }  // truncates: whole x only
 inline vi vu8(const uint8_t* p) {
   vi v;
   for (int i = 0; i < W; ++i) v[i] = p[i];
