@@ -131,3 +131,14 @@ def test_a_dense_checkpoint_passes_through() -> None:
     dense = [("model.norm.weight", torch.ones(3)), ("lm_head.weight", torch.zeros(2, 3))]
     assert [n for n, _ in reader.read(dense)] == ["model.norm.weight", "lm_head.weight"]
     assert not reader.is_fp8 and reader.given(CFG) == {}
+
+
+def test_the_older_single_kv_scale_sets_both() -> None:
+    """vLLM's weight_utils.maybe_remap_kv_scale_name: a deprecated `kv_scale` is K's and V's."""
+    reader = Fp8Checkpoint()
+    tensors = [
+        ("model.layers.3.self_attn.kv_scale", torch.tensor(0.75)),
+        ("model.layers.4.self_attn.k_proj.k_scale", torch.tensor(2.0)),
+    ]
+    assert list(reader.read(tensors)) == []
+    assert reader.kv_scales == {3: {"k": 0.75, "v": 0.75}, 4: {"k": 2.0}}

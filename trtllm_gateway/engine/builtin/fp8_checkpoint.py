@@ -4,7 +4,9 @@ Two exporters' layouts, the ones vLLM and TensorRT-LLM read: NVIDIA ModelOpt
 (nvidia/Llama-3.1-8B-Instruct-FP8: `*.weight` F8_E4M3 with a scalar `*.weight_scale` and
 `*.input_scale`; KV scales as `self_attn.k_proj.k_scale` / `self_attn.v_proj.v_scale`) and
 compressed-tensors (RedHatAI/...-FP8: `*.weight_scale` scalar or [N, 1] per channel; KV scales as
-`self_attn.k_scale` / `self_attn.v_scale`). A weight's scale may come after it in the files, so the
+`self_attn.k_scale` / `self_attn.v_scale`; the older single `self_attn.kv_scale` sets both). The
+names are those vLLM's model_loader/weight_utils.py maybe_remap_kv_scale_name accepts. A weight's
+scale may come after it in the files, so the
 e4m3 tensors are held (one byte a weight, on the host) until every tensor has been read; then the
 model gets them dequantized (its dense weights) and --quantization fp8 gets the e4m3 bytes and
 per-row scales as they are (fused projections: the shards' rows with their own scales).
@@ -56,7 +58,7 @@ class Fp8Checkpoint:
                 self._scales[name.removesuffix("_scale")] = t.float()
             elif name.endswith((".input_scale", ".output_scale")):
                 continue
-            elif name.endswith((".k_scale", ".v_scale")):
+            elif name.endswith((".k_scale", ".v_scale", ".kv_scale")):
                 self._kv_scale(name, t)
             elif t.dtype == FP8:
                 self._weights[name] = t
@@ -82,7 +84,11 @@ class Fp8Checkpoint:
     def _kv_scale(self, name: str, t: torch.Tensor) -> None:
         parts = name.split(".")
         layer = int(parts[parts.index("layers") + 1])
-        self.kv_scales.setdefault(layer, {})[parts[-1][0]] = float(t.float().reshape(-1)[0])
+        value = float(t.float().reshape(-1)[0])
+        # The older single kv_scale stands for both (vLLM's weight_utils.maybe_remap_kv_scale_name
+        # maps it to k_scale and duplicates it to v_scale).
+        for which in "kv" if parts[-1] == "kv_scale" else parts[-1][0]:
+            self.kv_scales.setdefault(layer, {})[which] = value
 
     def given(self, cfg: ModelConfig) -> Given:
         """The held e4m3 weights per module of the model ("layers.0.self_attn.qkv_proj"): a fused
