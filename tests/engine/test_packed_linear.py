@@ -73,6 +73,34 @@ def test_packed_linear_matches_dense(kernels: object, kind: GGMLQuantizationType
     assert torch.equal(packed(big), dense(big))  # prefill-sized steps stay dense
 
 
+@pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0])
+def test_float_block_kernels_same_bits_at_any_row_count(
+    kernels: object, kind: GGMLQuantizationType
+) -> None:
+    # block_gemm.cpp: a row's output is the same sum in the same order whichever path computes
+    # it (1-2 rows widen in registers; AVX2 above 2 rows reads staged tiles of 3 columns x 4 rows,
+    # with row remainders 1-3 and column groups of 1-2 when N is not a multiple of 3: 577 and 578
+    # columns, 1 .. 9 and 64 rows cover them), and the AVX-512 and AVX2 builds agree bit for bit.
+    simd: str = kernels.simd_path()  # type: ignore[attr-defined]
+    avx = build.block_gemm("avx2") if "avx2" in build.supported() and simd != "portable" else None
+    mm = "q4_1_mm" if kind == GGMLQuantizationType.Q4_1 else "q8_0_mm"
+    pack = pack_q4_1 if kind == GGMLQuantizationType.Q4_1 else pack_q8_0
+    for n in (576, 577, 578):
+        w = gguf_weights(n, 1536, kind, seed=n)
+        blocks = pack(w)
+        assert blocks is not None
+        for rows in (*range(1, 10), PACKED_MAX_ROWS):
+            x = torch.randn(rows, 1536)
+            out = getattr(kernels, mm)(x, *blocks)
+            one_by_one = torch.cat(
+                [getattr(kernels, mm)(x[r : r + 1], *blocks) for r in range(rows)]
+            )
+            assert torch.equal(out, one_by_one), (n, rows)
+            if avx is not None:
+                assert torch.equal(out, getattr(avx, mm)(x, *blocks)), (n, rows)
+            torch.testing.assert_close(out, x @ w.T, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("hq", "hk", "d"),
     [(9, 3, 64), (8, 2, 128), (12, 2, 128), (4, 4, 32)],  # AVX-512 paths (GQA 3, 4, 6); portable

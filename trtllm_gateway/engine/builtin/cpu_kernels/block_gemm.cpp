@@ -3,7 +3,8 @@
 // model's own float values, stored exactly (packed_linear.py checks every block before packing)
 // and widened in registers back to those exact floats, so only the order of the float additions
 // differs from a dense float32 matmul. A batch-1 step reads ~5x fewer bytes than float32 weights.
-// Threads: at::parallel_for over pairs of output columns, on the OpenMP runtime torch loaded.
+// Threads: at::parallel_for over pairs of output columns (AVX2 above 2 rows: groups of 3), on the
+// OpenMP runtime torch loaded.
 // Written once in simd.h's vectors: AVX-512 and AVX2 builds compute the same bits.
 #include "block_gemm.h"
 
@@ -81,31 +82,83 @@ inline void rows(int64_t R, const float* xp, int64_t K, int64_t r0, int64_t n, i
 }
 
 // AVX2 at more than 2 rows: the widening (7 instructions a native vector) costs more than the 2
-// FMAs per row it feeds, so a column pair's blocks are widened once into an L1 buffer (in the
-// weights' own order) and every row pass reads them from there: the same FMAs in the same order
-// as columns<>, 3 rows x 2 columns of accumulators a pass.
-template <int R>
-inline void staged(const float* xp, int64_t K, int64_t r0, int64_t n, int64_t N, const float* buf,
-                   float* yp) {
-  vf acc[R][2][H];
-  for (auto& a : acc)
-    for (auto& b : a)
-      for (auto& v : b) v = vzero();
-  for (int64_t b = 0; b < K / QK; ++b)
+// FMAs per row it feeds, so a group of CT columns' blocks is widened once into an L1 buffer (in
+// the weights' own order) and tiles of up to RT rows read it. Native slot h is the outer loop, so
+// only a tile's R x C accumulators are live: 12 of AVX2's 16 registers, the 3 weight vectors and
+// an x vector the rest (pinned there, else GCC folds the loads into the FMAs and reloads them per
+// row): per block half, C + R loads feed R x C FMAs (the 2-column, 3-row tiles before this loaded
+// 6 + 12 for 12). 32 rows: 153 -> 109 ms for a step's projections on one core, docs/benchmarks.md.
+// Lane (h, l) adds the same products in the same order as columns<>, so the bits are the same.
+constexpr int64_t CT = 3, RT = 4;
+
+template <int R, int C>
+inline void tile(const float* xp, int64_t K, int64_t r0, int64_t n, int64_t N, const float* buf,
+                 float* yp) {
+  vf sums[R][C][H];
+#pragma GCC unroll 1
+  for (int h = 0; h < H; ++h) {
+    vf acc[R][C];
+    for (auto& a : acc)
+      for (auto& v : a) v = vzero();
+    for (int64_t b = 0; b < K / QK; ++b)
 #pragma GCC unroll 2
-    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < 2; ++j) {
+        const int64_t k = b * QK + j * 16 + h * W;
+        vf w[C];
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const float* xr = xp + (r0 + r) * K + b * QK + h * W;
-        const vf x0 = vload(xr), x1 = vload(xr + 16);
-#pragma GCC unroll 2
-        for (int c = 0; c < 2; ++c) {
-          const float* w = buf + c * K + b * QK + h * W;
-          acc[r][c][h] = vfma(x1, vload(w + 16), vfma(x0, vload(w), acc[r][c][h]));
+        for (int c = 0; c < C; ++c) w[c] = in_register(vload(buf + c * K + k));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const vf x = in_register(vload(xp + (r0 + r) * K + k));
+#pragma GCC unroll 4
+          for (int c = 0; c < C; ++c) acc[r][c] = vfma(x, w[c], acc[r][c]);
         }
       }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) sums[r][c][h] = acc[r][c];
+  }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 2; ++c) yp[(r0 + r) * N + n + c] = hsum16(acc[r][c]);
+    for (int c = 0; c < C; ++c) yp[(r0 + r) * N + n + c] = hsum16(sums[r][c]);
+}
+
+// Every row of x against C (1 .. CT) staged columns, RT rows a tile and the rest in one.
+template <int C>
+inline void tiles(int64_t M, const float* xp, int64_t K, int64_t n, int64_t N, const float* buf,
+                  float* yp) {
+  int64_t r0 = 0;
+  for (; r0 + RT <= M; r0 += RT) tile<RT, C>(xp, K, r0, n, N, buf, yp);
+  switch (M - r0) {
+    case 1: return tile<1, C>(xp, K, r0, n, N, buf, yp);
+    case 2: return tile<2, C>(xp, K, r0, n, N, buf, yp);
+    case 3: return tile<3, C>(xp, K, r0, n, N, buf, yp);
+    default: return;
+  }
+}
+
+// The AVX2 path above 2 rows: CT columns at a time widened into buf, then tiles<> over the rows.
+template <class Widen>
+void staged_mm(const float* xp, int64_t M, int64_t K, int64_t N, Widen widen_block, float* yp) {
+  at::parallel_for(0, (N + CT - 1) / CT, 4, [&](int64_t g0, int64_t g1) {
+    std::vector<float> buf(CT * K);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n = g * CT, C = std::min(CT, N - n);
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t b = 0; b < K / QK; ++b)
+          for (int h = 0; h < H; ++h) {
+            vf w[2];
+            widen_block(n + c, b, h, w);
+            vstore(buf.data() + c * K + b * QK + h * W, w[0]);
+            vstore(buf.data() + c * K + b * QK + 16 + h * W, w[1]);
+          }
+      if (C == 3) {
+        tiles<3>(M, xp, K, n, N, buf.data(), yp);
+      } else if (C == 2) {
+        tiles<2>(M, xp, K, n, N, buf.data(), yp);
+      } else {
+        tiles<1>(M, xp, K, n, N, buf.data(), yp);
+      }
+    }
+  });
 }
 
 template <class Widen>
@@ -114,25 +167,13 @@ torch::Tensor block_mm(const torch::Tensor& x, int64_t N, Widen widen_block) {
   torch::Tensor y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const bool stage = W == 8 && M > 2 && N % 2 == 0;
+  if (W == 8 && M > 2) {
+    staged_mm(xp, M, K, N, widen_block, yp);
+    return y;
+  }
   at::parallel_for(0, (N + 1) / 2, 8, [&](int64_t p0, int64_t p1) {
-    std::vector<float> buf(stage ? 2 * K : 0);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n = 2 * p;
-      if (stage) {
-        for (int c = 0; c < 2; ++c)
-          for (int64_t b = 0; b < K / QK; ++b)
-            for (int h = 0; h < H; ++h) {
-              vf w[2];
-              widen_block(n + c, b, h, w);
-              vstore(buf.data() + c * K + b * QK + h * W, w[0]);
-              vstore(buf.data() + c * K + b * QK + 16 + h * W, w[1]);
-            }
-        int64_t r0 = 0;
-        for (; r0 + 3 <= M; r0 += 3) staged<3>(xp, K, r0, n, N, buf.data(), yp);
-        for (; r0 < M; ++r0) staged<1>(xp, K, r0, n, N, buf.data(), yp);
-        continue;
-      }
       for (int64_t r0 = 0; r0 < M; r0 += ROWS) {  // the pair's blocks stay in L1 meanwhile
         const int64_t R = std::min(ROWS, M - r0);
         if (n + 1 < N) {

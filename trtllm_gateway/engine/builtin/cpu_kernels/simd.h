@@ -146,6 +146,14 @@ inline vf vtail(vf v, int64_t n, vf fill) {
 }
 #endif
 
+// v as it is, held in a register: GCC otherwise folds a load used by several FMAs into each of
+// them (a reload per use) when registers are short. AVX2 only, where the tiles need all 16.
+inline vf in_register(vf v) {
+#if defined(GW_AVX2)
+  asm("" : "+x"(v));
+#endif
+  return v;
+}
 inline vf vzero() { return vset(0.f); }
 
 // The sum of a logical 16-float vector's lanes, as _mm512_reduce_add_ps adds them: lanes i and
