@@ -87,7 +87,7 @@ inline void rows(int64_t R, const float* xp, int64_t K, int64_t r0, int64_t n, i
 // only a tile's R x C accumulators are live: 12 of AVX2's 16 registers, the 3 weight vectors and
 // an x vector the rest (pinned there, else GCC folds the loads into the FMAs and reloads them per
 // row): per block half, C + R loads feed R x C FMAs (the 2-column, 3-row tiles before this loaded
-// 6 + 12 for 12). 32 rows: 153 -> 109 ms for a step's projections on one core, docs/benchmarks.md.
+// 6 + 12 for 12). A step's projections at 32 rows on one core: 162.5 -> 111.7 ms (docs/benchmarks.md).
 // Lane (h, l) adds the same products in the same order as columns<>, so the bits are the same.
 constexpr int64_t CT = 3, RT = 4;
 
