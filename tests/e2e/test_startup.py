@@ -86,7 +86,7 @@ def test_a_start_that_cannot_get_ready_says_why_then_exits_4(
     fresh_cache: Path, held_lock: Path, log_dir: Path
 ) -> None:
     env = {"XDG_CACHE_HOME": str(fresh_cache)}
-    srv = Server(args=[*ARGS, "--startup-timeout", "60"], env=env).start(log_dir, wait=False)
+    srv = Server(args=[*ARGS, "--startup-timeout", "30"], env=env).start(log_dir, wait=False)
     seen = ""
     deadline = time.monotonic() + 150
     try:
@@ -110,7 +110,7 @@ def test_a_start_that_cannot_get_ready_says_why_then_exits_4(
     log = srv.log()
     assert "waiting for another process's CPU kernel build" in log and str(held_lock) in log
     assert "pid 424242" in log
-    assert "(--startup-timeout 60 s), still building CPU kernels" in log
+    assert "(--startup-timeout 30 s), still building CPU kernels" in log
 
 
 def test_a_build_killed_mid_compile_does_not_block_the_next_start(
