@@ -4,6 +4,7 @@ get ready says what it waits on in /health and its log, then exits 4 at --startu
 
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
 import os
 import re
@@ -111,6 +112,15 @@ def test_a_start_that_cannot_get_ready_says_why_then_exits_4(
     assert "waiting for another process's CPU kernel build" in log and str(held_lock) in log
     assert "pid 424242" in log
     assert "(--startup-timeout 30 s), still building CPU kernels" in log
+    # Nothing to drain in a core that never got ready: it is stopped within a second or so, not
+    # after the 10 s grace a ready core gets (engine/core/client.py, stop()).
+    stamps = {
+        key: dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        for line in log.splitlines()
+        for key in ("not ready after", "Finished server process")
+        if key in line
+    }
+    assert (stamps["Finished server process"] - stamps["not ready after"]).total_seconds() < 6
 
 
 def test_a_build_killed_mid_compile_does_not_block_the_next_start(

@@ -51,6 +51,8 @@ from trtllm_gateway.engine.protocol import (
 logger = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
+EXIT_GRACE_S = 10.0  # after its outputs end, for a ready core to exit by itself
+UNREADY_EXIT_GRACE_S = 1.0
 PROBE_TIMEOUT_MS = 1000
 
 _Item = TokenEvent | EngineError
@@ -141,8 +143,12 @@ class CoreClient:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(self._reader), STOP_TIMEOUT_S)
         self._unwatch()
-        if not await asyncio.to_thread(self.launcher.join, 10.0):
-            logger.warning("engine core did not exit after Stop; killing it")
+        # A core that never said Ready has nothing to drain, and while it loads the model or
+        # waits for a kernel build it does not read Stop: the full grace only delayed the kill
+        # (a --startup-timeout exit or a Ctrl-C during a first start took 10 s more).
+        grace = EXIT_GRACE_S if self._reader is not None else UNREADY_EXIT_GRACE_S
+        if not await asyncio.to_thread(self.launcher.join, grace):
+            logger.warning("engine core did not exit %.0f s after Stop; killing it", grace)
             self.launcher.kill()
         self._close()
 
