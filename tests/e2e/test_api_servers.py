@@ -25,7 +25,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.ops_client import MODEL, chat, stream_chat
+from tests.e2e.ops_client import MODEL, StreamResult, chat, stream_chat
 from tests.e2e.server import Server
 
 CAPACITY = 3  # --max-batch-size 3, --max-queued-requests 0
@@ -181,8 +181,7 @@ async def test_sigterm_drains_every_server_and_leaves_nothing(log_dir: Path) -> 
                 asyncio.create_task(stream_chat(client, s.url, chat(24), started=ev))
                 for ev in started
             ]
-            async with asyncio.timeout(60):
-                await asyncio.gather(*(ev.wait() for ev in started))
+            await _all_started(streams, started, 60, s)
             assert s.proc is not None
             s.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.5)
@@ -199,6 +198,37 @@ async def test_sigterm_drains_every_server_and_leaves_nothing(log_dir: Path) -> 
         assert not _ours(dirs), "the run directory was left behind"
     finally:
         s.stop(signal.SIGKILL)
+
+
+async def _all_started(
+    streams: list[asyncio.Task[StreamResult]],
+    started: list[asyncio.Event],
+    limit_s: float,
+    s: Server,
+) -> None:
+    """Waits until every stream has its first token; a stream that ended first (an error status or
+    frame) fails the test with its result and the server's log, not a bare timeout (a CI run timed
+    out here once with nothing to read)."""
+    waits = [asyncio.create_task(ev.wait()) for ev in started]
+    try:
+        async with asyncio.timeout(limit_s):
+            while not all(w.done() for w in waits):
+                pending = [t for t in (*waits, *streams) if not t.done()]
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                ended = [
+                    t.result()
+                    for t, w in zip(streams, waits, strict=True)
+                    if t.done() and not w.done()
+                ]
+                assert not ended, f"a stream ended before its first token: {ended}\n{s.log()}"
+    except TimeoutError:
+        waiting = sum(not w.done() for w in waits)
+        raise AssertionError(
+            f"{waiting} streams had no token after {limit_s} s\n{s.log()}"
+        ) from None
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 @pytest.mark.parametrize("victim", ["core", "api-server"])
