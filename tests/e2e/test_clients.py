@@ -9,7 +9,7 @@ them.
 - prompt_tokens_total moves by usage.prompt_tokens when a stop string ends the request;
 - every query of vLLM's example Grafana dashboard (deploy/grafana/) finds series that move,
   against a server with --metrics-prefix vllm:, and the default-prefix copy likewise;
-- the README's AIPerf and guidellm block runs as written.
+- docs/benchmark_clients.md's AIPerf and guidellm block runs as written.
 
 Instructor, AIPerf and guidellm pin versions the project's venv cannot hold (`make clients`
 installs them in .venv-clients); they run as subprocesses.
@@ -258,15 +258,15 @@ def test_grafana_dashboard_has_no_empty_panel(
 
 
 def _readme_bench_block() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "benchmark_clients.md").read_text()
     match = re.search(r"<!-- bench-clients -->\n```bash\n(.*?)```", text, re.S)
     assert match is not None
     return match.group(1)
 
 
 def test_readme_aiperf_and_guidellm_block_runs(vllm_server: Server, tmp_path: Path) -> None:
-    """The README's block, verbatim but for the server address and /tmp, with the client venv
-    first in PATH (AIPerf finds the tokenizer through /v1/models root, no hub)."""
+    """docs/benchmark_clients.md's block, verbatim but for the server address and /tmp, with the
+    client venv first in PATH (AIPerf finds the tokenizer through /v1/models root, no hub)."""
     script = _readme_bench_block()
     script = script.replace("http://localhost:8000", vllm_server.url)
     script = script.replace("/tmp/", f"{tmp_path}/")

@@ -1,17 +1,20 @@
-"""The README's curl examples, run verbatim (only the port changes) against the real server."""
+"""The curl examples of the README and docs/ (each marked `<!-- readme-test -->`), run verbatim
+(only the port changes) against the real server."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.server import Server
-from trtllm_gateway.config.flags_doc import README
 
 BLOCK = re.compile(r"<!-- readme-test -->\n```bash\n(.*?)```", re.S)
-EXAMPLES = BLOCK.findall(README.read_text())
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+EXAMPLES = [e for page in PAGES for e in BLOCK.findall(page.read_text())]
 
 
 def test_readme_has_curl_examples() -> None:

@@ -1,6 +1,6 @@
-"""Render the serve flags as the README's tables, one per config part; `--write` updates it.
+"""Render the serve flags as docs/flags.md's tables, one per config part; `--write` updates it.
 
-Each table is the part that owns its flags (config/server.py, serving.py, ...), so the README
+Each table is the part that owns its flags (config/server.py, serving.py, ...), so the page
 says which subsystem reads a flag."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pydantic_core import PydanticUndefined
 from trtllm_gateway.config.settings import PARTS
 
 START, END = "<!-- flags-table:start -->", "<!-- flags-table:end -->"
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+FLAGS_DOC = ROOT / "docs" / "flags.md"
 
 
 def _default(value: object) -> str:
@@ -47,21 +48,21 @@ def table() -> str:
     return "\n\n".join(sections)
 
 
-def render(readme: str) -> str:
-    head, rest = readme.split(START, 1)
+def render(page: str) -> str:
+    head, rest = page.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{table()}\n{END}{tail}"
 
 
 def main() -> int:
-    text = README.read_text()
+    text = FLAGS_DOC.read_text()
     new = render(text)
     if "--write" in sys.argv:
-        README.write_text(new)
+        FLAGS_DOC.write_text(new)
         return 0
     if new != text:
         sys.stderr.write(
-            "README flags table is stale: python -m trtllm_gateway.config.flags_doc --write\n"
+            "docs/flags.md is stale: python -m trtllm_gateway.config.flags_doc --write\n"
         )
         return 1
     return 0

@@ -26,7 +26,7 @@ __all__ = ["DEFAULT_MODEL", "Settings"]
 
 Part = TypeVar("Part", bound=BaseModel)
 
-# The parts in the order their flags appear (--help, the README's tables).
+# The parts in the order their flags appear (--help, docs/flags.md's tables).
 PARTS: tuple[type[BaseModel], ...] = (
     ServerConfig,
     ServingConfig,
