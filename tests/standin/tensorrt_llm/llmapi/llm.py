@@ -38,6 +38,7 @@ _DEFAULTS: dict[str, Any] = {
     "max_stats_len": 1000,
     "guided_decoding_backend": None,
     "lora_config": None,
+    "disable_overlap_scheduler": False,  # TorchLlmArgs: the overlap scheduler is on by default
 }
 
 
