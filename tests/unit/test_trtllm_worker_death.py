@@ -34,7 +34,6 @@ from trtllm_gateway.engine.disagg.embed_tensors import embeds_frame
 from trtllm_gateway.engine.disagg.embed_wire import decode_frames
 from trtllm_gateway.engine.kv_events.log import BlockStored
 from trtllm_gateway.engine.protocol import (
-    DisaggParams,
     EngineDeadError,
     GenerateRequest,
     ImageInput,
@@ -44,7 +43,8 @@ from trtllm_gateway.engine.protocol import (
 
 ensure_on_path()
 
-from tensorrt_llm import LLM, DisaggregatedParams, SamplingParams as TrtSamplingParams  # noqa: E402
+from tensorrt_llm import LLM, DisaggregatedParams  # noqa: E402
+from tensorrt_llm import SamplingParams as TrtSamplingParams  # noqa: E402
 from tensorrt_llm.llmapi import CacheTransceiverConfig, LoRARequest  # noqa: E402
 
 from trtllm_gateway.engine.trtllm.loader import TrtllmUnsupportedError, preflight  # noqa: E402
@@ -98,8 +98,10 @@ def test_standin_worker_dies_loading_a_broken_lora_adapter(model_dir: Path, tmp_
     broken = tmp_path / "broken"
     broken.mkdir()
     llm = LLM(model_dir, lora_config={"lora_dir": [str(broken)]})
-    with pytest.raises(Exception, match="Failed during generation: .*adapter_config.json"):
-        llm.generate_async([5, 6, 7], TrtSamplingParams(), lora_request=LoRARequest("b", 1, str(broken)))
+    with pytest.raises(Exception, match=r"Failed during generation: .*adapter_config.json"):
+        llm.generate_async(
+            [5, 6, 7], TrtSamplingParams(), lora_request=LoRARequest("b", 1, str(broken))
+        )
     assert llm._executor.worker_died
     llm.shutdown()
 
@@ -128,7 +130,9 @@ def test_prefill_mode_refuses_a_yaml_that_turns_overlap_back_on(
 ) -> None:
     extra = tmp_path / "prefill.yaml"
     extra.write_text("disable_overlap_scheduler: false\n")
-    with pytest.raises(EngineArgsError, match=r"prefill.yaml: disable_overlap_scheduler: .*prefill"):
+    with pytest.raises(
+        EngineArgsError, match=r"prefill.yaml: disable_overlap_scheduler: .*prefill"
+    ):
         trtllm_engine(model=str(model_dir), mode="prefill", extra_engine_args=extra)
 
 
@@ -140,7 +144,9 @@ def test_decode_mode_refuses_a_null_cache_transceiver_config(
     extra = tmp_path / "decode.yaml"
     extra.write_text("cache_transceiver_config: null\n")
     for mode in ("decode", "prefill"):
-        with pytest.raises(EngineArgsError, match=rf"decode.yaml: cache_transceiver_config: .*{mode}"):
+        with pytest.raises(
+            EngineArgsError, match=rf"decode.yaml: cache_transceiver_config: .*{mode}"
+        ):
             trtllm_engine(model=str(model_dir), mode=mode, extra_engine_args=extra)
 
 
@@ -232,11 +238,15 @@ def test_a_lora_adapter_the_worker_could_not_load_stops_the_start(
         trtllm_engine(model=str(model_dir), lora_modules=[f"a={path}"])
 
 
-def test_max_lora_rank_from_the_yaml_admits_a_larger_adapter(model_dir: Path, tmp_path: Path) -> None:
+def test_max_lora_rank_from_the_yaml_admits_a_larger_adapter(
+    model_dir: Path, tmp_path: Path
+) -> None:
     path = _adapter(tmp_path, "big", rank=128)
     extra = tmp_path / "lora.yaml"
     extra.write_text("lora_config: {max_lora_rank: 128}\n")
-    engine = trtllm_engine(model=str(model_dir), lora_modules=[f"a={path}"], extra_engine_args=extra)
+    engine = trtllm_engine(
+        model=str(model_dir), lora_modules=[f"a={path}"], extra_engine_args=extra
+    )
     assert engine.info.lora_names == ("a",)
 
 

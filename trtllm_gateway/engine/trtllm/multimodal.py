@@ -17,14 +17,12 @@ image_embeds are a 400 here, and --encode-url is refused at start (engine.trtllm
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from trtllm_gateway.engine.disagg.embed_tensors import check_layout, frame_tensor
 from trtllm_gateway.engine.disagg.embed_wire import Frame
-from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError
-
-if TYPE_CHECKING:
-    from trtllm_gateway.engine.trtllm.encode import RemoteEmbeddings
+from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
 
 EMBEDDING_MODEL_TYPES = frozenset({"llava_next"})
 """Model types whose 1.2 input processor takes `multi_modal_embeddings` as tensors."""
@@ -34,6 +32,14 @@ def takes_embeddings(layout: str) -> bool:
     """Whether a model of this embed layout (`trtllm:<model_type>:hidden=N`) takes them."""
     parts = layout.split(":")
     return len(parts) > 1 and parts[1] in EMBEDDING_MODEL_TYPES
+
+
+class _Embedder(Protocol):
+    """engine.trtllm.encode.RemoteEmbeddings (an encode sibling), as this module uses it."""
+
+    async def embed(
+        self, images: Sequence[ImageInput], trace: tuple[tuple[str, str], ...] = ()
+    ) -> list[Any] | None: ...
 
 
 class _Decoder(Protocol):
@@ -51,7 +57,7 @@ def text_prompt(
 
 
 async def image_inputs(
-    req: GenerateRequest, tokenizer: _Decoder, remote: RemoteEmbeddings | None, layout: str
+    req: GenerateRequest, tokenizer: _Decoder, remote: _Embedder | None, layout: str
 ) -> dict[str, Any]:
     """The TextPrompt for a request with images: precomputed embeddings the client sent
     (image_embeds parts, of this model's `layout`), else their embeddings from an encode

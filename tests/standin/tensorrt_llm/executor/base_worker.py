@@ -79,9 +79,7 @@ class BaseWorker:
             self._load_lora_adapter(request.lora_request)  # before the try: see the docstring
         transceiver = self._args.cache_transceiver_config is not None
         if request.request_type is not None:
-            assert transceiver or request.request_type == "context_and_generation", (
-                _NO_TRANSCEIVER
-            )
+            assert transceiver or request.request_type == "context_and_generation", _NO_TRANSCEIVER
         if (
             not self._args.disable_overlap_scheduler
             and transceiver

@@ -254,7 +254,9 @@ class LLM:
         self._missed_blocks += -(-len(prompt_token_ids) // size) - reused
         self._seen_blocks.update(new)
         if kv.event_buffer_max_size > 0:
-            self._pool.store(prompt_token_ids[:keyed], self._pool.rank_for(request_id), lora_task_id)
+            self._pool.store(
+                prompt_token_ids[:keyed], self._pool.rank_for(request_id), lora_task_id
+            )
         return reused * size
 
     def _on_step(self, res: RequestOutput) -> None:
@@ -317,9 +319,7 @@ class LLM:
             res._failed = message
 
 
-def _prompt_token_ids(
-    inputs: Any, vocab: int, hidden: int, processor: InputProcessor
-) -> list[int]:
+def _prompt_token_ids(inputs: Any, vocab: int, hidden: int, processor: InputProcessor) -> list[int]:
     if isinstance(inputs, str):
         raise ValueError("the stand-in has no tokenizer: pass prompt_token_ids")
     if isinstance(inputs, dict) and "prompt" in inputs and inputs.get("multi_modal_data"):
