@@ -290,3 +290,38 @@ async def test_adapter_blocks_hash_apart_but_carry_no_lora_id(
         assert base.lora_id is None and tuned.lora_id is None
     finally:
         await engine.stop()
+
+
+# -- the refusals are one line at `serve`'s start ----------------------------------------------
+@pytest.mark.parametrize(
+    ("yaml_text", "flags", "reason"),
+    [
+        ("disable_overlap_scheduler: false\n", ["--mode", "prefill"], "disable_overlap_scheduler"),
+        ("cache_transceiver_config: null\n", ["--mode", "decode"], "cache_transceiver_config"),
+        ("scheduler_config: {waiting_queue_policy: fcfs}\n", [], "gained it in 1.3"),
+        ("{}\n", ["--lora-modules", "a=/nonexistent/adapter"], "--lora-modules a="),
+    ],
+    ids=["prefill-overlap", "decode-no-transceiver", "waiting-queue-policy", "lora"],
+)
+def test_serve_stops_with_one_line(
+    model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    yaml_text: str,
+    flags: list[str],
+    reason: str,
+) -> None:
+    """As a user meets them: `trtllm-gateway serve` exits 1 before the server starts, with one
+    line naming the file or flag, the key and why (no traceback)."""
+    from trtllm_gateway.app.cli import main
+
+    monkeypatch.setattr("trtllm_gateway.app.logs.configure_logging", lambda *_a, **_k: None)
+    extra = tmp_path / "engine.yaml"
+    extra.write_text(yaml_text)
+    argv = ["serve", "--engine", "trtllm", "--model", str(model_dir), "--extra-engine-args"]
+    assert main([*argv, str(extra), *flags]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert reason in err[0]
+    assert "Traceback" not in err[0]

@@ -4,8 +4,11 @@ Upstream (tensorrt_llm/executor/proxy.py, `GenerationExecutorProxy.submit`, 1.2 
 the request on the worker's queue, then `error = self.request_error_queue.get()` and
 `raise error` if it is an Exception (a RequestError, or worker_main's "Failed during
 generation"). Once the worker has ended nothing answers that queue any more: the real `get()`
-blocks forever. The stand-in raises instead (a hung test helps nobody); a correct adapter never
-submits again after the first "Failed during generation".
+blocks forever, and the requests in flight get no further response (worker_main told the
+proxy's result thread to quit). The stand-in is kinder on both, so that a test cannot hang: a
+later submit raises, and llmapi/llm.py fails the requests in flight. A correct adapter never
+submits again after the first "Failed during generation", and the server exits on a dead
+engine, which ends the open streams.
 """
 
 from __future__ import annotations
