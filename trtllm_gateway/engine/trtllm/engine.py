@@ -330,6 +330,7 @@ class TrtllmEngine:
         path = await asyncio.to_thread(resolve_model, self._model, self._config.cache_dir)
         served = self._config.served_model_name or model_display_name(self._model, path)
         self._model = str(path)
+        refuse_unsupported(self._config, self._encoders, self._model)  # its config.json is known
         self._args = {**self._args, "model": self._model}
         if not self._args.get("tokenizer"):
             self.tokenizer_dir = path
