@@ -24,7 +24,7 @@ INTERNAL = ["--internal-api-key", INTERNAL_KEY]  # the encoder's /internal/ take
 
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llava(tmp_path_factory.mktemp("trtllm-epd"), "llava")
+    return build_tiny_llava(tmp_path_factory.mktemp("trtllm-epd"), "llava_next")
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,6 @@ def _stored(parent: int | None, hashes: list[int], window: int = 4096) -> dict[s
                         {"type": "unique_token", "token_id": 10 * i + k, "token_extra_id": 0}
                         for k in range(2)
                     ],
-                    "lora_id": None,
                     "cache_level": 0,
                     "priority": 35,
                 }
@@ -47,6 +46,18 @@ def _stored(parent: int | None, hashes: list[int], window: int = 4096) -> dict[s
             ],
         },
     }
+
+
+def test_a_blocks_lora_id_is_not_read() -> None:
+    """Issue 35 item 5: 1.2's KVCacheEventSerializer (tensorrt_llm/_utils.py,
+    `_stored_block_to_json`) leaves lora_id out (a TODO) and Dynamo's TensorRT-LLM publisher
+    (components/src/dynamo/trtllm/publisher.py `_handle_kv_event`) never passes one, so the
+    events are keyed without it even where a block carries one (a later serializer)."""
+    raw = _stored(None, [7])
+    raw["data"]["blocks"][0]["lora_id"] = 3  # type: ignore[index]
+    event = TrtllmKvEvents(KvEventLog(0), block_size=2).convert(raw)
+    assert isinstance(event, BlockStored)
+    assert event.lora_id is None
 
 
 def test_convert_each_kind() -> None:

@@ -40,12 +40,12 @@ from tensorrt_llm import _scripted  # noqa: E402
 
 from trtllm_gateway.engine.trtllm.engine import TrtllmEngine  # noqa: E402
 
-LAYOUT = "trtllm:llava:hidden=64"
+LAYOUT = "trtllm:llava_next:hidden=64"
 
 
 @pytest.fixture(scope="module")
 def llava_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llava(tmp_path_factory.mktemp("llava"), "llava")
+    return build_tiny_llava(tmp_path_factory.mktemp("llava"), "llava_next")
 
 
 @pytest.fixture

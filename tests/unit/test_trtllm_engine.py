@@ -208,13 +208,17 @@ async def test_request_error_is_per_request(engine: TrtllmEngine) -> None:
     assert len(await _collect(engine.generate(_req("ok", max_tokens=2)))) == 2
 
 
-async def test_other_exceptions_kill_the_engine(
+async def test_an_executor_failure_kills_the_engine(
     engine: TrtllmEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Real (executor/worker.py worker_main, executor/proxy.py submit, 1.2): an exception the
+    worker raises outside BaseWorker._enqueue_request's `try` ends the worker, and the proxy
+    raises Exception("Failed during generation: ...") from tensorrt_llm.executor."""
+
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("CUDA error: an illegal memory access")
 
-    monkeypatch.setattr(engine._llm, "generate_async", boom)
+    monkeypatch.setattr(engine._llm._executor.worker, "_enqueue_request", boom)
     with pytest.raises(EngineDeadError):
         await _collect(engine.generate(_req()))
     health = engine.health()
@@ -222,6 +226,24 @@ async def test_other_exceptions_kill_the_engine(
     assert "illegal memory access" in health.detail
     with pytest.raises(EngineDeadError):
         await _collect(engine.generate(_req("again")))
+
+
+async def test_an_error_building_one_request_fails_only_it(
+    engine: TrtllmEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35 item 2: an exception raised in-process before the executor sees the request
+    (llmapi/llm.py generate_async's input processing) is that request's, not the engine's."""
+    import tensorrt_llm.llmapi.llm as standin_llm
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("input processor")
+
+    monkeypatch.setattr(standin_llm, "_prompt_token_ids", boom)
+    with pytest.raises(TrtllmRequestError, match="input processor"):
+        await _collect(engine.generate(_req()))
+    assert engine.health().state == "ready"
+    monkeypatch.undo()
+    assert len(await _collect(engine.generate(_req("ok", max_tokens=2)))) == 2
 
 
 async def test_invalid_requests(engine: TrtllmEngine) -> None:

@@ -371,7 +371,6 @@ custom_tokenizer: deepseek_v32
 model_kwargs: {num_hidden_layers: 2}
 env_overrides: {NCCL_DEBUG: WARN}
 nvfp4_gemm_config: {allowed_backends: [cutlass]}
-scheduler_config: {waiting_queue_policy: fcfs}
 moe_config: {disable_finalize_fusion: true, use_low_precision_moe_combine: true}
 """
 EAGLE3 = """\
@@ -395,7 +394,7 @@ def _hide_tensorrt_llm(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_schema_matches_torch_llm_args_1_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, library: bool
 ) -> None:
-    """Real: 1.2's TorchLlmArgs has waiting_queue_policy, MoeConfig.disable_finalize_fusion and
+    """Real: 1.2's TorchLlmArgs has MoeConfig.disable_finalize_fusion and
     use_low_precision_moe_combine, custom_tokenizer, model_kwargs, env_overrides,
     nvfp4_gemm_config and Eagle3's eagle3_model_arch; fail_fast_on_attention_window_too_large
     is TrtLlmArgs' only (llm_args.py), so the PyTorch LLM rejects it at start-up."""
@@ -415,6 +414,36 @@ def test_schema_matches_torch_llm_args_1_2(
     (tmp_path / "nested.yaml").write_text("moe_config: {no_such_knob: 1}\n")
     with pytest.raises(EngineArgsError, match=r"moe_config\.no_such_knob"):
         check_file(tmp_path / "nested.yaml")
+
+
+@pytest.mark.parametrize("library", [True, False], ids=["TorchLlmArgs", "fallback-schema"])
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [
+        ("speculative_config: {decoding_type: MTP, no_such_knob: 1}\n", "no_such_knob"),
+        ("speculative_config: {decoding_type: Medusa2}\n", "speculative_config"),
+        ("speculative_config: {decoding_type: Eagle3, max_draft_len: many}\n", "max_draft_len"),
+        ("kv_connector_config: {connector_module: m}\n", "connector_scheduler_class"),
+        ("torch_compile_config: {no_such_knob: true}\n", "no_such_knob"),
+    ],
+)
+def test_nested_configs_are_typed_not_dicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, library: bool, yaml_text: str, key: str
+) -> None:
+    """Issue 35 item 6 (row 2): 1.2's TorchLlmArgs types speculative_config (`SpeculativeConfig`,
+    a union keyed by decoding_type: MTP, Eagle/Eagle3, NGram, Draft_Target, ...),
+    kv_connector_config (`KvCacheConnectorConfig`, three required strings) and
+    torch_compile_config (`TorchCompileConfig`), all StrictBaseModel: an unknown key, an unknown
+    decoding_type or a wrong type is refused (llmapi/llm_args.py). The stand-in typed them as
+    plain dicts, so with it importable `config check` let these through."""
+    from trtllm_gateway.config.check import check_file
+    from trtllm_gateway.config.engine_args import EngineArgsError
+
+    if not library:
+        _hide_tensorrt_llm(monkeypatch)
+    (tmp_path / "spec.yaml").write_text(yaml_text)
+    with pytest.raises(EngineArgsError, match=key):
+        check_file(tmp_path / "spec.yaml")
 
 
 async def test_start_up_validates_with_torch_llm_args(

@@ -144,6 +144,7 @@ async def test_lora_adapter_selected_by_model_name(model_dir: Path, tmp_path: Pa
     adapter = tmp_path / "sql-lora"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"stand-in weights")
     async for client in _client(model_dir, lora_modules=[f"sql={adapter}"]):
         models = (await client.get("/v1/models")).json()["data"]
         assert [(m["id"], m.get("parent")) for m in models] == [(MODEL, None), ("sql", MODEL)]

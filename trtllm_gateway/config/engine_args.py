@@ -129,7 +129,8 @@ def trtllm_cli_args(engine: EngineConfig, trtllm: TrtllmConfig) -> dict[str, Any
         "dtype": engine.dtype,
         "load_format": engine.load_format,
         "kv_cache_config": kv_cache,
-        "disable_overlap_scheduler": trtllm.disable_overlap_scheduler,
+        # Prefill mode forces it (refuse_for_mode says why; the engine logs it).
+        "disable_overlap_scheduler": trtllm.disable_overlap_scheduler or engine.mode == "prefill",
     }
     # The built-in engine's own defaults (2048 tokens a step, no chunking, 64 requests) would
     # cap TensorRT-LLM's (8192, 2048 requests) silently. Send them only if given.
@@ -208,7 +209,36 @@ def merge_and_validate(layers: list[Layer]) -> dict[str, Any]:
 
 def resolve_trtllm_args(engine: EngineConfig, trtllm: TrtllmConfig) -> dict[str, Any]:
     """The final LLM args for these configs; the one entry point serve and `config show` use."""
-    return merge_and_validate(trtllm_layers(engine, trtllm))
+    layers = trtllm_layers(engine, trtllm)
+    args = merge_and_validate(layers)
+    refuse_for_mode(args, engine.mode, layers)
+    return args
+
+
+def refuse_for_mode(args: Mapping[str, Any], mode: str, layers: list[Layer]) -> None:
+    """What TensorRT-LLM 1.2 accepts at start but kills its executor worker over on the first
+    disaggregated request (executor/base_worker.py `_enqueue_request`, before its `try`;
+    executor/worker.py `worker_main` catches only RequestError):
+    - a prefill instance with the overlap scheduler on: "Context only requests are not supported
+      in pytorch backend when overlap is enabled." (a ValueError). The flags layer forces
+      `disable_overlap_scheduler: true` in prefill mode; a YAML or override that sets it false
+      is refused here.
+    - a prefill or decode instance without `cache_transceiver_config` (a YAML's `null`): an
+      assert ("kv_cache_transceiver is disabled").
+    """
+    if mode == "prefill" and not args.get("disable_overlap_scheduler"):
+        where = source_of(["disable_overlap_scheduler"], layers)
+        raise EngineArgsError(
+            f"{where}: disable_overlap_scheduler: --mode prefill needs true (TensorRT-LLM 1.2's "
+            "worker exits on the first context-only request with the overlap scheduler on)"
+        )
+    if mode in ("prefill", "decode") and args.get("cache_transceiver_config") is None:
+        where = source_of(["cache_transceiver_config"], layers)
+        raise EngineArgsError(
+            f"{where}: cache_transceiver_config: --mode {mode} needs one (TensorRT-LLM 1.2's "
+            "worker asserts 'kv_cache_transceiver is disabled' on the first disaggregated "
+            "request and exits)"
+        )
 
 
 def describe_errors(errors: list[dict[str, Any]], layers: list[Layer]) -> str:

@@ -25,7 +25,9 @@ class TrtllmConfig(BaseModel):
     enable_chunked_prefill: bool = Field(
         False, description="Split long prompts across steps (trtllm: sent only if given)."
     )
-    disable_overlap_scheduler: bool = Field(False, description="Turn off the overlap scheduler.")
+    disable_overlap_scheduler: bool = Field(
+        False, description="Turn off the overlap scheduler (always off in trtllm prefill mode)."
+    )
     cuda_graph_batch_sizes: list[int] | None = Field(
         None, description="CUDA graph batch sizes (unset: TensorRT-LLM's own list)."
     )
@@ -37,7 +39,8 @@ class TrtllmConfig(BaseModel):
     lora_modules: list[str] = Field(
         default_factory=list,
         description="LoRA adapters NAME=PATH (trtllm, aggregated mode): the request's model "
-        "name selects one; /v1/models lists them. Comma list.",
+        "name selects one; /v1/models lists them; each is checked at start (adapter_config.json, "
+        "rank <= max_lora_rank, weights). Comma list.",
     )
     enable_kv_events: bool = Field(False, description="Publish KV-cache events for routers.")
     cache_transceiver_backend: Literal["DEFAULT", "UCX", "NIXL", "MPI"] = Field(

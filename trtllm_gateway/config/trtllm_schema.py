@@ -6,8 +6,10 @@ key must be one of its fields, and each value is validated against that field's 
 model-level validators are not run here: they need a GPU (dtype) and load the tokenizer, and
 run anyway when the LLM is built. Without tensorrt_llm (CPU CI, `config check` on a laptop) the
 hand-written strict schema below is the fallback; it mirrors 1.2's TorchLlmArgs (checked against
-NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py and Dynamo's 1.2 configs), and is stricter
-about types (no "8" for 8). Either way errors are pydantic error dicts; config.engine_args turns
+NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py of the 1.2 window and Dynamo's 1.2 configs;
+where 1.3 differs, 1.2.0 is modelled: DynamicBatchConfig's fields required, no
+scheduler_config.waiting_queue_policy, kv_transfer_timeout_ms > 0), and is stricter about types
+(no "8" for 8). Either way errors are pydantic error dicts; config.engine_args turns
 them into one-line messages.
 """
 
@@ -60,10 +62,10 @@ class KvCacheConfig(StrictModel):
 
 
 class DynamicBatchConfig(StrictModel):
-    # 1.2: each field has a default. Only the TensorRT backend uses it.
-    enable_batch_size_tuning: bool = True
-    enable_max_num_tokens_tuning: bool = False
-    dynamic_batch_moving_average_window: int = 128
+    # 1.2: every field required (1.3 defaults them). Only the TensorRT backend uses it.
+    enable_batch_size_tuning: bool
+    enable_max_num_tokens_tuning: bool
+    dynamic_batch_moving_average_window: int
 
 
 class SchedulerConfig(StrictModel):
@@ -73,7 +75,7 @@ class SchedulerConfig(StrictModel):
     context_chunking_policy: Literal["FIRST_COME_FIRST_SERVED", "EQUAL_PROGRESS"] | None = None
     # Kept for the TensorRT backend; TensorRT-LLM's PyTorch backend ignores it.
     dynamic_batch_config: DynamicBatchConfig | None = None
-    waiting_queue_policy: Literal["fcfs"] = "fcfs"  # WaitingQueuePolicy.FCFS's value
+    # No waiting_queue_policy: TensorRT-LLM 1.3 added it; 1.2 refuses the key (_HINTS).
 
 
 class CudaGraphConfig(StrictModel):
@@ -110,7 +112,7 @@ def generated_cuda_graph_batch_sizes(max_batch_size: int, enable_padding: bool) 
 class CacheTransceiverConfig(StrictModel):
     backend: Literal["DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"] | None = None
     max_tokens_in_buffer: int | None = Field(None, ge=1)
-    kv_transfer_timeout_ms: int | None = None
+    kv_transfer_timeout_ms: int | None = Field(None, gt=0)  # llm_args.py: gt=0
     kv_transfer_sender_future_timeout_ms: int | None = None
 
 
@@ -207,6 +209,15 @@ class KvConnectorConfig(StrictModel):
     connector_worker_class: str
 
 
+class TorchCompileConfig(StrictModel):
+    enable_fullgraph: bool = True
+    enable_inductor: bool = False
+    enable_piecewise_cuda_graph: bool = False
+    capture_num_tokens: list[Annotated[int, Field(ge=1)]] | None = None
+    enable_userbuffers: bool = True
+    max_num_streams: int = Field(1, ge=1)
+
+
 class TrtllmArgs(StrictModel):
     """`tensorrt_llm.LLM(**kwargs)` for the PyTorch backend; every field optional in a YAML."""
 
@@ -256,10 +267,10 @@ class TrtllmArgs(StrictModel):
     speculative_config: SpeculativeConfig | None = None
     lora_config: LoraConfig | None = None
     kv_connector_config: KvConnectorConfig | None = None
+    torch_compile_config: TorchCompileConfig | None = None
     # Passed through as-is; TensorRT-LLM validates their inner keys at LLM construction.
     peft_cache_config: dict[str, Any] | None = None
     sparse_attention_config: dict[str, Any] | None = None
-    torch_compile_config: dict[str, Any] | None = None
 
     # Features and scheduling.
     enable_lora: bool = False
@@ -306,12 +317,29 @@ class TrtllmArgs(StrictModel):
     # Not here: fail_fast_on_attention_window_too_large is TrtLlmArgs' (TensorRT backend only).
 
 
+_HINTS: dict[tuple[str, ...], str] = {
+    ("scheduler_config", "waiting_queue_policy"): (
+        "unknown key in TensorRT-LLM 1.2 (SchedulerConfig gained it in 1.3); remove it"
+    ),
+}
+"""Keys a later TensorRT-LLM takes and 1.2 refuses: a clearer reason than "unknown key"."""
+
+
 def trtllm_args_errors(args: dict[str, Any]) -> list[dict[str, Any]]:
     """Every problem with merged LLM args as pydantic error dicts (loc, type, msg); [] if none.
 
     TorchLlmArgs when tensorrt_llm imports (the AutoDeploy backend has its own args: the
     fallback schema plus config.engine_args' pruning cover it), else the schema below.
     """
+    return [_with_hint(err) for err in _errors(args)]
+
+
+def _with_hint(err: dict[str, Any]) -> dict[str, Any]:
+    hint = _HINTS.get(tuple(str(p) for p in err["loc"]))
+    return {**err, "type": "value_error", "msg": hint} if hint else err
+
+
+def _errors(args: dict[str, Any]) -> list[dict[str, Any]]:
     library = _torch_llm_args(args)
     if library is not None:
         # Field types only; the one model-level rule a config file commonly breaks is added.

@@ -10,9 +10,9 @@ below are under tensorrt_llm/ there, except those starting with cpp/):
 - `llmapi/llm.py` + `llmapi/llm_args.py`: `LLM(model, tokenizer=None, ..., **kwargs)`: unknown
   kwargs raise `ValueError("LLM got invalid argument: ...")`; `backend` is popped; nested configs
   accepted as objects or dicts and validated strictly (unknown keys raise) against a
-  `TorchLlmArgs` whose fields carry llm_args.py's types; `DynamicBatchConfig` fields default;
-  `waiting_queue_policy` is "fcfs"; batch_sizes with a max_batch_size that does not generate
-  them is refused (validate_cuda_graph_config); `llm.args`, `llm.tokenizer`, `llm.shutdown()`.
+  `TorchLlmArgs` whose fields carry llm_args.py's types; batch_sizes with a max_batch_size
+  that does not generate them is refused (validate_cuda_graph_config); `llm.args`,
+  `llm.tokenizer`, `llm.shutdown()`.
 - `llmapi/llm.py` `generate_async` is a plain method taking keyword arguments; raises
   `RuntimeError("LLM is shutting down")` after shutdown; without chunked prefill a prompt longer
   than max_num_tokens raises ValueError; `end_id` is filled when None (from the model's config.json
@@ -57,8 +57,19 @@ Less kind than a naive fake, as the real library is (tests/unit/test_trtllm_fide
   generation-only request (its first token handed over without a logprob) fails;
 - KV events: stored runs may end in a partial block, eviction sends "removed", and with
   attention DP every event carries `attention_dp_rank` (`_kv_cache.py`);
-- `LoRARequest` needs an existing path; without `lora_config` a lora_request is ignored; an
-  adapter without `adapter_config.json` fails its request;
+- `LoRARequest` needs an existing path; without `lora_config` a lora_request is ignored;
+- the executor worker dies as 1.2's does (`executor/base_worker.py`, `worker.py`, `proxy.py`):
+  what `BaseWorker._enqueue_request` raises before its `try` (an adapter that cannot load:
+  no `adapter_config.json`, no weights, rank over `max_lora_rank`; a disaggregated request
+  without a transceiver; a context-only request with the overlap scheduler on) ends the worker,
+  `generate_async` raises `Exception("Failed during generation: ...")`, the requests in flight
+  fail and every later submit raises;
+- precomputed embeddings only for `llava_next` (`inputs/registry.py`): any other model's input
+  processor raises NotImplementedError;
+- a LoRA request's KV blocks hash apart from the base model's, and no event carries `lora_id`;
+- 1.2.0's `llm_args.py`: no `scheduler_config.waiting_queue_policy`, `DynamicBatchConfig`'s
+  fields required, `kv_transfer_timeout_ms` > 0, `speculative_config` / `kv_connector_config` /
+  `torch_compile_config` typed;
 - `logprobs=0` / `prompt_logprobs=0` return nothing (tested for truth); prompt logprobs are one
   top-k dict per prompt position, entry t scoring token t+1, the actual token only sometimes
   among them (`_scripted.prompt_topk`);

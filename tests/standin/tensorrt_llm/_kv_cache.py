@@ -10,7 +10,10 @@ As the 1.2-period C++ KV cache manager reports through KVCacheEventManager
   partial block and remembers its hash;
 - "removed" when blocks are evicted (the pool is full), partial ones included;
 - with attention DP each rank has its own pool and every event carries `attention_dp_rank`
-  (gathered every attention_dp_events_gather_period_ms); without it the key is absent.
+  (gathered every attention_dp_events_gather_period_ms); without it the key is absent;
+- a LoRA request's blocks hash with its task id (the C++ BlockKey holds `loraTaskId`), but a
+  stored block carries no `lora_id`: 1.2's `KVCacheEventSerializer._stored_block_to_json` has
+  `# "lora_id": data.lora_id, # TODO (shreyasm): enable serialization of lora_id`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from typing import Any
 MASK = 0xFFFFFFFFFFFFFFFF
 
 
-def block_hash(prefix: tuple[int, ...]) -> int:
-    return hash(("kv", prefix)) & MASK
+def block_hash(prefix: tuple[int, ...], lora_task_id: int | None = None) -> int:
+    return hash(("kv", lora_task_id, prefix)) & MASK
 
 
 class BlockPool:
@@ -51,7 +54,7 @@ class BlockPool:
         """The attention-DP rank a request lands on (TensorRT-LLM balances; here round-robin)."""
         return request_id % self._dp_size
 
-    def store(self, keyed: list[int], rank: int) -> None:
+    def store(self, keyed: list[int], rank: int, lora_task_id: int | None = None) -> None:
         """Store the blocks of `keyed` (the prompt less its last token) on `rank`: the full
         blocks, then the trailing partial block if any; emit what is new."""
         size = self._size
@@ -66,7 +69,7 @@ class BlockPool:
             prefix = tuple(keyed[: min(end, len(keyed))])
             if not prefix or (end > len(keyed) and len(prefix) == end - size):
                 break
-            h = block_hash(prefix)
+            h = block_hash(prefix, lora_task_id)
             if h in stored:
                 stored.move_to_end(h)
             else:

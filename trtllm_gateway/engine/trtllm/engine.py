@@ -5,8 +5,11 @@ stop strings for both engines alike. `generate_async` is called on the event-loo
 TensorRT-LLM requires, and each streamed step is copied into a frozen TokenEvent before the next
 await (TensorRT-LLM mutates one result object in place). Our string `request_id` maps to the
 engine's result through `self._inflight` (inflight.py). Every call into TensorRT-LLM runs under
-errors.py's translation: `RequestError` fails one request; any other exception marks the engine
-dead (health 503).
+errors.py's translation: `RequestError`, and anything raised while building or enqueuing one
+request outside TensorRT-LLM's executor, fails that request; an exception from the executor
+(its worker process gone) marks the engine dead (health 503). What 1.2's worker would die on is
+refused before it gets there: at start-up (config.engine_args.refuse_for_mode, LoRA adapters in
+lora.py, --encode-url in loader.py) or per request (image_embeds in multimodal.py).
 """
 
 from __future__ import annotations
@@ -84,7 +87,6 @@ class TrtllmEngine:
         (file, key and reason), so a bad start-up never shows a traceback. `--model default`
         or a .gguf file is converted to an HF checkpoint in start() (engine.model_source).
         """
-        refuse_unsupported(engine, encoders)
         self._trt = import_trtllm()
         self._llmapi = import_llmapi()
         set_trtllm_log_level(log_level)
@@ -93,8 +95,14 @@ class TrtllmEngine:
         self._encoders = encoders  # --encode-url (EPD)
         self._args = resolve_trtllm_args(engine, trtllm)
         logger.info("TensorRT-LLM args validated against %s", validated_against(self._args))
-        self._loras = LoraAdapters.from_config(trtllm)
+        if engine.mode == "prefill":
+            logger.info(
+                "--mode prefill: disable_overlap_scheduler is forced true (TensorRT-LLM 1.2's "
+                "worker exits on a context-only request with the overlap scheduler on)"
+            )
         self._model = str(self._args.get("model") or engine.model)
+        refuse_unsupported(engine, encoders, self._model)
+        self._loras = LoraAdapters.from_config(trtllm, self._args)
         self.tokenizer_dir = Path(str(self._args.get("tokenizer") or self._model))
         self.info: EngineInfo = self._read_info()
         self._llm: Any = None
@@ -322,6 +330,7 @@ class TrtllmEngine:
         path = await asyncio.to_thread(resolve_model, self._model, self._config.cache_dir)
         served = self._config.served_model_name or model_display_name(self._model, path)
         self._model = str(path)
+        refuse_unsupported(self._config, self._encoders, self._model)  # its config.json is known
         self._args = {**self._args, "model": self._model}
         if not self._args.get("tokenizer"):
             self.tokenizer_dir = path

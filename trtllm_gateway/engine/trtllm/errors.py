@@ -1,11 +1,18 @@
 """TensorRT-LLM's exceptions -> EngineError subclasses, in one place for every call into it.
 
-Its RequestError fails one request and the engine keeps serving; an exception the caller names
-as the request's fault (generate_async's ValueError/TypeError) is an InvalidRequestError. Any
-other exception raised while reading one request's results fails that request only: TensorRT-LLM
-raises from inside a result's iteration for per-request reasons too (result.py asserts on every
-response, e.g. the logprob count of a generation-only request). Any other exception from a call
-on the LLM itself (generate_async) means TensorRT-LLM broke: the engine is marked dead (503).
+Classified by where the exception comes from (TensorRT-LLM 1.2, `LLM.generate_async`):
+- its RequestError fails one request and the engine keeps serving;
+- an exception the caller names as the request's fault (generate_async's ValueError/TypeError)
+  is an InvalidRequestError (400);
+- raised by TensorRT-LLM's executor (`tensorrt_llm.executor.*`: the proxy re-raising the
+  worker's "Failed during generation: ..." once `worker_main` has exited, a background error)
+  or "LLM is shutting down": the executor is gone, the engine is marked dead (503);
+- anything else raised while building or enqueuing one request (the input processor, e.g.
+  `attach_multimodal_embeddings`' NotImplementedError, tensorrt_llm/inputs/registry.py) fails
+  that request only: the executor never saw it;
+- whatever is raised while reading one request's results fails that request only: TensorRT-LLM
+  raises from inside a result's iteration for per-request reasons too (result.py asserts on
+  every response, e.g. the logprob count of a generation-only request).
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from collections.abc import Callable, Iterator
 from trtllm_gateway.engine.protocol import EngineDeadError, EngineError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
+
+EXECUTOR_MODULE = "tensorrt_llm.executor"
+"""Exceptions raised from here mean the executor (its worker process) is broken."""
 
 
 class TrtllmRequestError(EngineError):
@@ -48,8 +58,22 @@ class ErrorTranslator:
         except invalid as exc:
             raise InvalidRequestError(str(exc)) from None
         except Exception as exc:
-            if one_request:
+            if one_request or not executor_failed(exc):
                 logger.exception("TensorRT-LLM failed one request")
                 raise TrtllmRequestError(f"TensorRT-LLM failed this request: {exc!r}") from exc
             self._on_dead(exc)
             raise EngineDeadError(f"TensorRT-LLM failed: {exc}") from exc
+
+
+def executor_failed(exc: BaseException) -> bool:
+    """Whether `exc` comes from TensorRT-LLM's executor (the innermost frame's module), or is
+    llmapi/llm.py's "LLM is shutting down" (its executor shut itself down)."""
+    if isinstance(exc, RuntimeError) and "LLM is shutting down" in str(exc):
+        return True
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    module = str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module == EXECUTOR_MODULE or module.startswith(EXECUTOR_MODULE + ".")

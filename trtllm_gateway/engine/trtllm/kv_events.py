@@ -3,10 +3,17 @@
 TensorRT-LLM 1.2 (`LLM.get_kv_cache_events_async`, serialized by KVCacheEventSerializer) sends
 `{"event_id", "window_size", "data": {"type": ...}}` with data of type
 - "created": a new cache (num_blocks_per_cache_level) -> AllBlocksCleared;
-- "stored": `parent_hash` and `blocks: [{block_hash, tokens: [{token_id, ...}], lora_id?, ...}]`
+- "stored": `parent_hash` and `blocks: [{block_hash, tokens: [{token_id, ...}], ...}]`
   -> one BlockStored of the full blocks (hashes as signed 64-bit, as Dynamo's publisher converts
   them); the run stops at its first partial block (fewer than tokens_per_block tokens), whose
-  hash is remembered so that its later removal is not forwarded (Dynamo's publisher.py);
+  hash is remembered so that its later removal is not forwarded (Dynamo's publisher.py).
+  No lora_id: 1.2's serializer leaves it out (tensorrt_llm/_utils.py
+  `KVCacheEventSerializer._stored_block_to_json`: `# "lora_id": data.lora_id, # TODO`) and
+  Dynamo's publisher sends none (its publish_stored's lora_id stays 0, i.e. null), so a block
+  field some later version adds is not read either. The engine's own block hashes still differ
+  per adapter (the C++ BlockKey holds the LoRA task id), but a router that keys blocks by their
+  tokens sees an adapter's prompt and the base model's as the same prefix: KV-aware routing
+  with --lora-modules conflates them (docs/trtllm.md).
 - "removed": `block_hashes` -> BlockRemoved;
 - `attention_dp_rank` (attention DP: one cache per rank) -> the events' dp_rank, counted from
   this instance's --data-parallel-rank.
@@ -89,13 +96,12 @@ class TrtllmKvEvents:
         if not hashes:
             return None
         parent = data.get("parent_hash")
-        blocks = data.get("blocks") or [{}]
         return BlockStored(
             block_hashes=tuple(hashes),
             parent_block_hash=None if parent is None else signed64(int(parent)),
             token_ids=tuple(tokens),
             block_size=self.block_size,
-            lora_id=blocks[0].get("lora_id"),
+            lora_id=None,  # as the 1.2 serializer and Dynamo's publisher: see the docstring
             dp_rank=rank,
         )
 

@@ -1,8 +1,8 @@
 """Merged LLM args (a plain dict) -> the LLM class and its keyword arguments.
 
 The dict comes from config.engine_args (already layered and validated). Here the documented
-config objects are built explicitly (SchedulerConfig, and DynamicBatchConfig from the keys a
-YAML gives, 1.2 defaulting the rest: only the TensorRT backend reads it; KvCacheConfig,
+config objects are built explicitly (SchedulerConfig, and DynamicBatchConfig from a YAML's
+three keys, all required in 1.2: only the TensorRT backend reads it; KvCacheConfig,
 CudaGraphConfig, CacheTransceiverConfig) and the backend picks the LLM class.
 """
 
@@ -51,7 +51,7 @@ def _build_objects(llmapi: Any, kwargs: dict[str, Any]) -> None:
         policy = sched.pop("capacity_scheduler_policy", "GUARANTEED_NO_EVICT")
         kwargs["scheduler_config"] = llmapi.SchedulerConfig(
             capacity_scheduler_policy=llmapi.CapacitySchedulerPolicy(policy),
-            # Only the keys given: 1.2 defaults the others.
+            # All three keys, which 1.2 requires (validated by config.trtllm_schema).
             dynamic_batch_config=llmapi.DynamicBatchConfig(**dyn) if dyn is not None else None,
             **sched,
         )

@@ -8,18 +8,38 @@ image plus the images, and expands the placeholders itself with the model's HF p
 token ids plus images it would decode them back to text anyway, so the adapter sends the text:
 the gateway's own prompt ids decoded (special tokens kept, so the BOS and the image token come
 through verbatim) and `add_special_tokens=False` on the request's SamplingParams.
+
+Precomputed embeddings reach the model's input processor's `attach_multimodal_embeddings`; in
+1.2 only LlavaNext's takes tensors (tensorrt_llm/inputs/registry.py: the base one raises
+NotImplementedError; Llama4's wants dicts with its special tokens). For any other model
+image_embeds are a 400 here, and --encode-url is refused at start (engine.trtllm.loader).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from trtllm_gateway.engine.disagg.embed_tensors import check_layout, frame_tensor
 from trtllm_gateway.engine.disagg.embed_wire import Frame
-from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError
+from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
 
-if TYPE_CHECKING:
-    from trtllm_gateway.engine.trtllm.encode import RemoteEmbeddings
+EMBEDDING_MODEL_TYPES = frozenset({"llava_next"})
+"""Model types whose 1.2 input processor takes `multi_modal_embeddings` as tensors."""
+
+
+def takes_embeddings(layout: str) -> bool:
+    """Whether a model of this embed layout (`trtllm:<model_type>:hidden=N`) takes them."""
+    parts = layout.split(":")
+    return len(parts) > 1 and parts[1] in EMBEDDING_MODEL_TYPES
+
+
+class _Embedder(Protocol):
+    """engine.trtllm.encode.RemoteEmbeddings (an encode sibling), as this module uses it."""
+
+    async def embed(
+        self, images: Sequence[ImageInput], trace: tuple[tuple[str, str], ...] = ()
+    ) -> list[Any] | None: ...
 
 
 class _Decoder(Protocol):
@@ -37,7 +57,7 @@ def text_prompt(
 
 
 async def image_inputs(
-    req: GenerateRequest, tokenizer: _Decoder, remote: RemoteEmbeddings | None, layout: str
+    req: GenerateRequest, tokenizer: _Decoder, remote: _Embedder | None, layout: str
 ) -> dict[str, Any]:
     """The TextPrompt for a request with images: precomputed embeddings the client sent
     (image_embeds parts, of this model's `layout`), else their embeddings from an encode
@@ -45,6 +65,12 @@ async def image_inputs(
     inputs = text_prompt(req.prompt_token_ids, [i.payload for i in req.images], tokenizer)
     given = [i.payload for i in req.images if isinstance(i.payload, Frame)]
     if given:
+        if not takes_embeddings(layout):
+            raise InvalidRequestError(
+                f"this model ({layout.split(':')[1]}) takes no image_embeds on TensorRT-LLM 1.2 "
+                f"(only {', '.join(sorted(EMBEDDING_MODEL_TYPES))}); send the images instead",
+                param="messages",
+            )
         if len(given) != len(req.images):
             # 1.2's generate_async takes multi_modal_data or multi_modal_embeddings, not both.
             raise InvalidRequestError(
@@ -54,7 +80,7 @@ async def image_inputs(
         for frame in given:
             check_layout(frame, layout)
         return _embedded(inputs, [frame_tensor(f) for f in given])
-    if remote is None:
+    if remote is None or not takes_embeddings(layout):
         return inputs
     tensors = await remote.embed(req.images, req.trace_headers)
     if tensors is None:  # counted as local_fallback by the RemoteEncoder

@@ -256,12 +256,6 @@ class RequestOutput:
 
     def _first_step(self) -> None:
         vocab = self._llm._vocab_size
-        lora = self.lora_request
-        if lora is not None and not os.path.isfile(os.path.join(lora.path, "adapter_config.json")):
-            # LoraManager.load_from_ckpt reads the HF adapter's config and weights.
-            self.finished = True
-            self._llm._on_finish(self)
-            raise RequestError(f"cannot load LoRA adapter from {lora.path}")
         if any(not 0 <= t < vocab for t in self.prompt_token_ids):
             self.finished = True
             self._llm._on_finish(self)
@@ -275,7 +269,10 @@ class RequestOutput:
                 self._llm._on_finish(self)
                 raise RequestError("KV cache transfer failed: context state does not match")
         else:
-            self.cached_tokens = self._llm._reuse_prefix(self.request_id, self.prompt_token_ids)
+            lora_id = self.lora_request.adapter_id if self.lora_request else None
+            self.cached_tokens = self._llm._reuse_prefix(
+                self.request_id, self.prompt_token_ids, lora_id
+            )
         if self._sp.guided_decoding is not None and self._llm._guided is not None:
             self._guide = self._llm._guided.start(self._sp.guided_decoding, self._sp.end_id or 0)
             for token in self.outputs[0].token_ids:  # first_gen_tokens, generation-only side

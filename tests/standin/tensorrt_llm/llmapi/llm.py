@@ -13,7 +13,10 @@ from tensorrt_llm import _logits_hook, _scripted
 from tensorrt_llm._guided import GuidedDecoder
 from tensorrt_llm._kv_cache import BlockPool
 from tensorrt_llm.disaggregated_params import DisaggregatedParams
+from tensorrt_llm.executor.base_worker import GenerationRequest
+from tensorrt_llm.executor.proxy import GenerationExecutorProxy
 from tensorrt_llm.executor.result import IterationResult, RequestOutput
+from tensorrt_llm.inputs.registry import InputProcessor, create_input_processor
 from tensorrt_llm.llmapi.llm_args import (
     NESTED_MODELS,
     TORCH_LLM_ARGS,
@@ -35,6 +38,7 @@ _DEFAULTS: dict[str, Any] = {
     "max_stats_len": 1000,
     "guided_decoding_backend": None,
     "lora_config": None,
+    "disable_overlap_scheduler": False,  # TorchLlmArgs: the overlap scheduler is on by default
 }
 
 
@@ -78,6 +82,9 @@ class LLM:
         config = _read_config(Path(model))
         self._vocab_size = int(config.get("vocab_size") or 32000)
         self._hidden = int(config.get("hidden_size") or 64)
+        self._input_processor = create_input_processor(
+            config.get("model_type"), self._vocab_size, self._hidden
+        )
         # tokenizer.eos_token_id fills a missing end_id (one id); the model itself ends a turn
         # with the last id of generation_config.json's eos list (Llama-3.x: <|eot_id|> 128009),
         # which TensorRT-LLM only stops on if it is end_id or in stop_token_ids.
@@ -87,7 +94,7 @@ class LLM:
         self._turn_end = turn_end[-1] if isinstance(turn_end, list) else turn_end
         self._next_request_id = 1
         self._active: dict[int, RequestOutput] = {}
-        self._seen_blocks: set[tuple[int, ...]] = set()
+        self._seen_blocks: set[tuple[int | None, ...]] = set()
         self._any_request = False
         self._shutdown = False
         self._iteration = 0
@@ -109,6 +116,8 @@ class LLM:
         backend = self.args.guided_decoding_backend
         self._guided = GuidedDecoder(Path(model), backend, self._vocab_size) if backend else None
         self.recorded_requests: list[dict[str, Any]] = []  # stand-in only: what was submitted
+        # The executor: a proxy in front of one worker process (executor/proxy.py, worker.py).
+        self._executor = GenerationExecutorProxy(self.args)
         logger.info("stand-in LLM ready: %s", model)
 
     # -- requests ---------------------------------------------------------------------------
@@ -128,7 +137,9 @@ class LLM:
     ) -> RequestOutput:
         if self._shutdown:
             raise RuntimeError("LLM is shutting down")
-        prompt_token_ids = _prompt_token_ids(inputs, self._vocab_size, self._hidden)
+        prompt_token_ids = _prompt_token_ids(
+            inputs, self._vocab_size, self._hidden, self._input_processor
+        )
         sp = sampling_params if sampling_params is not None else SamplingParams()
         if sp.end_id is None:
             if self._eos is None:
@@ -139,10 +150,6 @@ class LLM:
             # No guided decoder was built (py_executor_creator): the guide is ignored.
             logger.warning("guided_decoding given but no guided_decoding_backend: ignored")
         request_type = disaggregated_params.request_type if disaggregated_params else None
-        if request_type in ("context_only", "generation_only") and (
-            self.args.cache_transceiver_config is None
-        ):
-            raise ValueError("disaggregated requests need cache_transceiver_config")
         if request_type == "context_only":
             sp.max_tokens = 1  # mutates the caller's object, as TensorRT-LLM does
         if (
@@ -168,6 +175,16 @@ class LLM:
                 "trace_headers": trace_headers,
             }
         )
+        # The worker's intake (executor/base_worker.py): what it raises before its `try` ends
+        # the worker (executor/worker.py) and every request in flight with it.
+        try:
+            self._executor.submit(
+                GenerationRequest(request_id, list(prompt_token_ids), lora_request, request_type)
+            )
+        except Exception as e:
+            if self._executor.worker_died:
+                self._fail_all(f"the executor worker died: {e}")
+            raise
         if lora_request is not None and self.args.lora_config is None:
             # Real (executor/base_worker.py): the PyTorch backend builds a LoRA manager only
             # with lora_config; without one every lora_request is silently ignored.
@@ -209,16 +226,22 @@ class LLM:
         return self._kv_events
 
     # -- called by RequestOutput ----------------------------------------------------------
-    def _reuse_prefix(self, request_id: int, prompt_token_ids: list[int]) -> int:
+    def _reuse_prefix(
+        self, request_id: int, prompt_token_ids: list[int], lora_task_id: int | None = None
+    ) -> int:
         # As WindowBlockManager::addSequence / loadOrAllocateBlocks (batch_manager/
         # kvCacheManager.cpp): block keys cover the prompt less its last token ("it can't be
         # recovered"), so at least one token is always recomputed; each of the
         # ceil(len / tokens_per_block) context blocks counts once, as reused (++mReusedBlocks)
         # or missed (++mMissedBlocks). Partial-block reuse is not modelled: only full blocks match.
+        # BlockKey holds the request's LoRA task id: an adapter's blocks never match the base
+        # model's, and their hashes differ, though the events carry no lora_id (_kv_cache.py).
         kv = self.args.kv_cache_config
         size = kv.tokens_per_block
         keyed = len(prompt_token_ids) - 1
-        blocks = [tuple(prompt_token_ids[: i + size]) for i in range(0, keyed - size + 1, size)]
+        blocks = [
+            (lora_task_id, *prompt_token_ids[: i + size]) for i in range(0, keyed - size + 1, size)
+        ]
         if not kv.enable_block_reuse:
             return 0
         reused = 0
@@ -231,7 +254,9 @@ class LLM:
         self._missed_blocks += -(-len(prompt_token_ids) // size) - reused
         self._seen_blocks.update(new)
         if kv.event_buffer_max_size > 0:
-            self._pool.store(prompt_token_ids[:keyed], self._pool.rank_for(request_id))
+            self._pool.store(
+                prompt_token_ids[:keyed], self._pool.rank_for(request_id), lora_task_id
+            )
         return reused * size
 
     def _on_step(self, res: RequestOutput) -> None:
@@ -294,13 +319,16 @@ class LLM:
             res._failed = message
 
 
-def _prompt_token_ids(inputs: Any, vocab: int, hidden: int) -> list[int]:
+def _prompt_token_ids(inputs: Any, vocab: int, hidden: int, processor: InputProcessor) -> list[int]:
     if isinstance(inputs, str):
         raise ValueError("the stand-in has no tokenizer: pass prompt_token_ids")
     if isinstance(inputs, dict) and "prompt" in inputs and inputs.get("multi_modal_data"):
         return _multimodal_ids(inputs["prompt"], inputs["multi_modal_data"], vocab, hidden)
     if isinstance(inputs, dict) and "prompt" in inputs and "multi_modal_embeddings" in inputs:
-        return _embedding_ids(inputs["prompt"], inputs["multi_modal_embeddings"], vocab, hidden)
+        # llmapi/llm.py -> the model's input processor (inputs/registry.py)
+        return processor.attach_multimodal_embeddings(
+            inputs["prompt"], inputs["multi_modal_embeddings"]
+        )
     if isinstance(inputs, list):
         return [int(t) for t in inputs]
     if isinstance(inputs, dict) and "prompt_token_ids" in inputs:
@@ -322,28 +350,6 @@ def _multimodal_ids(prompt: Any, data: Any, vocab: int, hidden: int) -> list[int
     for image in data["image"]:
         embedding = _scripted.image_embedding(image_pixels(image), 4, hidden)
         ids.append(_scripted.embedding_token(embedding, vocab))
-    return ids
-
-
-def _embedding_ids(prompt: Any, data: Any, vocab: int, hidden: int) -> list[int]:
-    """Precomputed embeddings (`multi_modal_embeddings`; LlavaNextInputProcessor.
-    attach_multimodal_embeddings, 1.2): a text prompt is required, image modality only, and
-    each embedding's hidden size must be the text model's."""
-    import torch
-
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError("Text prompt is required but not provided")
-    if not isinstance(data, dict):
-        raise ValueError("multimodal_embedding must be a dictionary")
-    if "image" not in data:
-        raise ValueError("Only image modality is supported for external multimodal embedding")
-    tensors = data["image"] if isinstance(data["image"], list) else [data["image"]]
-    ids = [b % vocab for b in prompt.encode()]
-    for tensor in tensors:
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or tensor.shape[1] != hidden:
-            shape = list(getattr(tensor, "shape", []))
-            raise ValueError(f"embedding of shape {shape} does not match hidden size {hidden}")
-        ids.append(_scripted.embedding_token(tensor, vocab))
     return ids
 
 

@@ -2,6 +2,15 @@
 
 Keys as in TensorRT-LLM 1.2's llm_args.py (PyTorch backend): configs are `extra="forbid"`
 but, like the real StrictBaseModel, not strict about types ("8" is coerced to 8).
+
+Read from NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py of the 1.2 window (the v1.2.0 tag
+itself could not be fetched here: the repository snapshot is over the size limit). What later
+versions changed, 1.2.0 modelled:
+- `DynamicBatchConfig`: all three fields required in 1.2 (`Field(description=...)`, no
+  default); 1.3 gives them defaults (True, False, 128).
+- `SchedulerConfig.waiting_queue_policy` / `WaitingQueuePolicy`: 1.3 only; 1.2's SchedulerConfig
+  is extra="forbid" without it, so the key is refused.
+- `CacheTransceiverConfig.kv_transfer_timeout_ms`: `Field(default=None, gt=0)`.
 """
 
 from __future__ import annotations
@@ -9,7 +18,7 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -36,23 +45,18 @@ class ContextChunkingPolicy(StrEnum):
     EQUAL_PROGRESS = "EQUAL_PROGRESS"
 
 
-class WaitingQueuePolicy(StrEnum):
-    FCFS = "fcfs"  # llm_args.py: lower case
-
-
 class DynamicBatchConfig(StrictBaseModel):
-    # 1.2 (llm_args.py): every field has a default. The PyTorch backend ignores it: "This only
-    # applies for the TensorRT backend and cannot currently be used with the PyTorch backend."
-    enable_batch_size_tuning: bool = True
-    enable_max_num_tokens_tuning: bool = False
-    dynamic_batch_moving_average_window: int = 128
+    # 1.2 (llm_args.py `DynamicBatchConfig`): every field required; 1.3 defaults them.
+    enable_batch_size_tuning: bool
+    enable_max_num_tokens_tuning: bool
+    dynamic_batch_moving_average_window: int
 
 
 class SchedulerConfig(StrictBaseModel):
     capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
     context_chunking_policy: ContextChunkingPolicy | None = None
     dynamic_batch_config: DynamicBatchConfig | None = None
-    waiting_queue_policy: WaitingQueuePolicy = WaitingQueuePolicy.FCFS
+    # No waiting_queue_policy: SchedulerConfig gained it (WaitingQueuePolicy.FCFS) in 1.3.
 
 
 class KvCacheConfig(StrictBaseModel):
@@ -95,7 +99,7 @@ class CudaGraphConfig(StrictBaseModel):
 class CacheTransceiverConfig(StrictBaseModel):
     backend: Literal["DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"] | None = None
     max_tokens_in_buffer: int | None = None
-    kv_transfer_timeout_ms: int | None = None
+    kv_transfer_timeout_ms: int | None = Field(None, gt=0)
     kv_transfer_sender_future_timeout_ms: int | None = 1000
 
 
@@ -130,6 +134,73 @@ class LoraConfig(StrictBaseModel):
     lora_weights_converters: list[str] = ["default"]
 
 
+class _DecodingBase(StrictBaseModel):
+    """llm_args.py `DecodingBaseConfig`: what every speculative config has."""
+
+    max_draft_len: int | None = None
+    max_total_draft_tokens: int | None = None
+    speculative_model_dir: str | Path | None = None
+    load_format: str | None = None
+
+
+class MTPDecodingConfig(_DecodingBase):
+    decoding_type: Literal["MTP"]
+    num_nextn_predict_layers: int = 1
+    use_relaxed_acceptance_for_thinking: bool = False
+    relaxed_topk: int = 1
+    relaxed_delta: float = 0.0
+    use_mtp_vanilla: bool = False
+    mtp_eagle_one_model: bool = True
+
+
+class EagleDecodingConfig(_DecodingBase):
+    decoding_type: Literal["Eagle", "Eagle3"]
+    eagle_choices: list[list[int]] | None = None
+    greedy_sampling: bool | None = True
+    posterior_threshold: float | None = None
+    use_dynamic_tree: bool | None = False
+    dynamic_tree_max_topK: int | None = None
+    num_eagle_layers: int | None = None
+    max_non_leaves_per_layer: int | None = None
+    eagle3_one_model: bool | None = True
+    eagle3_layers_to_capture: list[int] | None = None
+    eagle3_model_arch: Literal["llama3", "mistral_large3"] = "llama3"
+
+
+class NGramDecodingConfig(_DecodingBase):
+    decoding_type: Literal["NGram"]
+    max_matching_ngram_size: int = 0
+    is_keep_all: bool = True
+    is_use_oldest: bool = True
+    is_public_pool: bool = True
+
+
+class DraftTargetDecodingConfig(_DecodingBase):
+    decoding_type: Literal["Draft_Target"]
+
+
+SpeculativeConfig = Annotated[
+    MTPDecodingConfig | EagleDecodingConfig | NGramDecodingConfig | DraftTargetDecodingConfig,
+    Field(discriminator="decoding_type"),
+]
+"""`TorchLlmArgs.speculative_config`: `SpeculativeConfig` (a union keyed by `decoding_type`)."""
+
+
+class KvCacheConnectorConfig(StrictBaseModel):
+    connector_module: str
+    connector_scheduler_class: str
+    connector_worker_class: str
+
+
+class TorchCompileConfig(StrictBaseModel):
+    enable_fullgraph: bool = True
+    enable_inductor: bool = False
+    enable_piecewise_cuda_graph: bool = False
+    capture_num_tokens: list[PositiveInt] | None = None
+    enable_userbuffers: bool = True
+    max_num_streams: PositiveInt = 1
+
+
 NESTED_MODELS: dict[str, type[StrictBaseModel]] = {
     "kv_cache_config": KvCacheConfig,
     "scheduler_config": SchedulerConfig,
@@ -138,6 +209,8 @@ NESTED_MODELS: dict[str, type[StrictBaseModel]] = {
     "moe_config": MoeConfig,
     "nvfp4_gemm_config": Nvfp4GemmConfig,
     "lora_config": LoraConfig,
+    "kv_connector_config": KvCacheConnectorConfig,
+    "torch_compile_config": TorchCompileConfig,
 }
 
 
@@ -152,7 +225,9 @@ class TorchLlmArgs(StrictBaseModel):
 
     Validators that need a GPU (dtype) or load the tokenizer are not reproduced; the
     cuda-graph check that runs when the LLM is built is (`validate_cuda_graph_config`).
-    Nested configs the stand-in does not model are typed as the dicts they arrive as.
+    Nested configs are the typed models above (`speculative_config` a union on `decoding_type`);
+    `cp_config` is a plain dict upstream too; `peft_cache_config` and `sparse_attention_config`
+    (PeftCacheConfig, the sparse attention union) are not modelled and stay dicts.
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -189,7 +264,7 @@ class TorchLlmArgs(StrictBaseModel):
     scheduler_config: SchedulerConfig = Field(default_factory=SchedulerConfig)
     cache_transceiver_config: CacheTransceiverConfig | None = None
     sparse_attention_config: dict[str, Any] | None = None
-    speculative_config: dict[str, Any] | None = None
+    speculative_config: SpeculativeConfig | None = None
     max_batch_size: int | None = None
     max_input_len: int | None = None
     max_seq_len: int | None = None
@@ -217,7 +292,7 @@ class TorchLlmArgs(StrictBaseModel):
     batch_wait_timeout_ms: float = 0
     batch_wait_timeout_iters: int = 0
     batch_wait_max_tokens_ratio: float = 0
-    torch_compile_config: dict[str, Any] | None = None
+    torch_compile_config: TorchCompileConfig | None = None
     enable_autotuner: bool = True
     enable_layerwise_nvtx_marker: bool = False
     enable_min_latency: bool = False
@@ -232,7 +307,7 @@ class TorchLlmArgs(StrictBaseModel):
     ) = "AUTO"  # fmt: skip
     checkpoint_loader: object | None = None
     checkpoint_format: str | None = None
-    kv_connector_config: dict[str, Any] | None = None
+    kv_connector_config: KvCacheConnectorConfig | None = None
     mm_encoder_only: bool = False
     ray_worker_extension_cls: str | None = None
     enable_sleep: bool = False
