@@ -224,6 +224,11 @@ class EngineDeadError(EngineError):
     """The engine failed and serves nothing more; health is dead."""
 
 
+class RequestFailedError(EngineError):
+    """The engine failed this request on its own fault, not the client's (a logits processor's
+    bug, a forward pass that raised), and goes on serving the others."""
+
+
 class RemotePrefillFailedError(EngineError):
     """A sibling prefill failed and local fallback was not allowed."""
 

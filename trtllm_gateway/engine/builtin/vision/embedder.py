@@ -19,6 +19,7 @@ from trtllm_gateway.engine.builtin.vision.placement import PlacedImage, expand_p
 from trtllm_gateway.engine.disagg.embed_tensors import (
     check_layout,
     embeds_frame,
+    finite_tensor,
     frame_tensor,
     pixel_frames,
     request_images,
@@ -93,7 +94,7 @@ class ImageEmbedder:
         frame = img.payload
         assert isinstance(frame, Frame)
         check_layout(frame, self.layout)
-        return frame_tensor(frame).to(self.encoder.device, self.encoder.dtype)
+        return finite_tensor(frame).to(self.encoder.device, self.encoder.dtype)
 
     def encode_local(self, images: Sequence[ImageInput]) -> list[torch.Tensor]:
         with self._lock:
@@ -108,7 +109,11 @@ class ImageEmbedder:
         if got is None:
             return None
         dev, dtype = self.encoder.device, self.encoder.dtype
-        return [frame_tensor(f).to(dev, dtype) for f in got]
+        tensors = [frame_tensor(f) for f in got]  # shapes checked against our layout
+        if not all(bool(torch.isfinite(t).all()) for t in tensors):
+            logger.warning("an encode sibling answered NaN or infinite embeddings; encoding here")
+            return None
+        return [t.to(dev, dtype) for t in tensors]
 
     # --- encode mode: the sibling side ----------------------------------------------------
     async def encode_frames(self, body: bytes) -> list[bytes]:
