@@ -9,7 +9,6 @@ processor loaded by path runs on the rows whose vllm_xargs select it, in one cal
 from __future__ import annotations
 
 import asyncio
-import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 import torch
 
 from tests.engine.conftest import EngineFactory, chat_ids, collect, greedy
-from trtllm_gateway.engine.logits import processor as processor_module
 from trtllm_gateway.engine.logits.load import TEST_PROCESSOR
 from trtllm_gateway.engine.logits.processor import ExtraArgs, LogitsProcessor, Row
 from trtllm_gateway.engine.protocol import (
@@ -28,6 +26,7 @@ from trtllm_gateway.engine.protocol import (
 )
 
 HERE = "tests.engine.test_logits_processors"
+DOCSTRING_BAN = "tests.engine.docstring_processor:Ban"  # the docstring's own example
 
 
 class BanFirstChoice(LogitsProcessor[list[int]]):
@@ -51,20 +50,6 @@ class BanFirstChoice(LogitsProcessor[list[int]]):
             if row.state[0] < 0:
                 row.state[0] = int(logits[i].argmax())
             logits[i, row.state[0]] = float("-inf")
-
-
-def _docstring_example() -> type[LogitsProcessor[int]]:
-    """The Ban class of engine/logits/processor.py's docstring, exactly as written there."""
-    doc = processor_module.__doc__ or ""
-    start = doc.index("    class Ban(")
-    end = doc.index("\n\n`logits`", start)
-    namespace: dict[str, Any] = {"LogitsProcessor": LogitsProcessor}
-    exec(textwrap.dedent(doc[start:end]), namespace)
-    cls: type[LogitsProcessor[int]] = namespace["Ban"]
-    return cls
-
-
-Ban = _docstring_example()
 
 
 class SetupBug(LogitsProcessor[int]):
@@ -159,7 +144,7 @@ async def test_whatever_a_processor_raises_in_setup_fails_only_its_request(
 ) -> None:
     """Issue 40 item 2: the docstring's example with {"ban": [1, 2]} raised TypeError in setup,
     which ended the engine core (every stream 503, the server exited)."""
-    engine = await make_engine(logits_processor=[f"{HERE}:Ban", f"{HERE}:SetupBug"])
+    engine = await make_engine(logits_processor=[DOCSTRING_BAN, f"{HERE}:SetupBug"])
     prompts = [chat_ids(tokenizer, t) for t in ("Name a color.", "Name a fruit.")]
     victims = [GenerateRequest(f"v{i}", p, greedy(8)) for i, p in enumerate(prompts)]
     alone = [_ids(await collect(engine, v)) for v in victims]

@@ -36,6 +36,9 @@ class EngineInfo:
     max_batch_size: int = 0
     # LoRA adapters a request may name as its model (TensorRT-LLM --lora-modules).
     lora_names: tuple[str, ...] = ()
+    # The shortest edge the image processor resizes every image to (engine/image_resize.py; 0:
+    # none known): the gateway counts an image's pixels after that resize.
+    image_resize_edge: int = 0
 
 
 GuidedKind = Literal["json", "json_object", "regex", "grammar"]
