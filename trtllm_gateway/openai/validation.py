@@ -109,8 +109,9 @@ def check_choice_count(prompts: int, n: int) -> None:
 def check_values(body: BaseModel, max_text_chars: int | None = None) -> None:
     """A 400 naming the field for a lone surrogate in any string (or object key) of the
     request, or for nesting deeper than MAX_DEPTH; and a 400 when the request's text (every
-    string but the URLs of image_url and image_embeds parts; each element of a completions prompt list on its own, as each is
-    its own prompt) is longer than max_text_chars, before anything tokenizes it."""
+    string but the URLs of image_url and image_embeds parts; each element of a completions
+    prompt list on its own, as each is its own prompt) is longer than max_text_chars, before
+    anything tokenizes it."""
     chars: dict[str, int] = {}
     for path, value, depth in _walk(body):
         if depth > MAX_DEPTH:
