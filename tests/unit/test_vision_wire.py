@@ -4,6 +4,7 @@ chat templates want image placeholders."""
 
 from __future__ import annotations
 
+import struct
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +18,7 @@ from trtllm_gateway.engine.builtin.vision.placement import (
     expand_prompt,
     image_embeds_for,
 )
+from trtllm_gateway.engine.disagg.embed_tensors import check_finite
 from trtllm_gateway.engine.disagg.embed_wire import (
     EmbedWireError,
     decode_frames,
@@ -166,3 +168,22 @@ def test_layout_width() -> None:
     assert layout_width("llava:32000:4096") == 4096
     assert layout_width("trtllm:llava:hidden=4096") == 4096
     assert layout_width("L") is None
+
+
+async def test_a_sibling_answer_of_nan_is_encoded_here() -> None:
+    """Right shape, NaN values: the check the embedders pass (embed_tensors.check_finite) makes
+    it the sibling's fault, counted as a local fallback, the sibling marked."""
+    nan = struct.pack("<f", float("nan")) * (2 * 64)
+    body = encode_frame("embeds", "h1", "float32", (2, 64), nan, "llava:9:64")
+    enc = RemoteEncoder(["http://sib:1"], timeout=5.0, backoff=60.0)
+    enc._client = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda _: httpx.Response(200, content=body))
+    )
+    try:
+        got = await enc.encode([b""], ["h1"], "llava:9:64")
+        assert got is not None  # without the check the frame is well formed
+        assert await enc.encode([b""], ["h1"], "llava:9:64", check=check_finite) is None
+    finally:
+        await enc.aclose()
+    assert enc.stats.outcomes == {"remote": 1, "local_fallback": 1}
+    assert enc.pool.pick() is None  # marked: backing off

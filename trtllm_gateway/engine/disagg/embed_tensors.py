@@ -89,6 +89,13 @@ def check_layout(frame: Frame, layout: str) -> None:
         raise InvalidRequestError(f"image_embeds refused: {e}", param="messages") from None
 
 
+def check_finite(frames: Sequence[Frame]) -> None:
+    """An encode sibling's embeddings hold only finite values (EmbedWireError: its fault)."""
+    for frame in frames:
+        if not bool(torch.isfinite(frame_tensor(frame)).all()):
+            raise EmbedWireError(f"embeddings for {frame.header.image_hash} hold NaN or inf")
+
+
 def finite_tensor(frame: Frame) -> torch.Tensor:
     """frame_tensor, refused (InvalidRequestError) unless every value is finite: a NaN row
     would reach the KV cache and every token sampled after it."""

@@ -17,6 +17,7 @@ from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage, expand_prompt
 from trtllm_gateway.engine.disagg.embed_tensors import (
+    check_finite,
     check_layout,
     embeds_frame,
     finite_tensor,
@@ -105,15 +106,13 @@ class ImageEmbedder:
     ) -> list[torch.Tensor] | None:
         assert self.remote is not None
         frames = await asyncio.to_thread(pixel_frames, images)
-        got = await self.remote.encode(frames, [img.hash for img in images], self.layout, trace)
+        hashes = [img.hash for img in images]
+        # Shapes and dtypes are checked against our layout as the frames are decoded.
+        got = await self.remote.encode(frames, hashes, self.layout, trace, check_finite)
         if got is None:
             return None
         dev, dtype = self.encoder.device, self.encoder.dtype
-        tensors = [frame_tensor(f) for f in got]  # shapes checked against our layout
-        if not all(bool(torch.isfinite(t).all()) for t in tensors):
-            logger.warning("an encode sibling answered NaN or infinite embeddings; encoding here")
-            return None
-        return [t.to(dev, dtype) for t in tensors]
+        return [frame_tensor(f).to(dev, dtype) for f in got]
 
     # --- encode mode: the sibling side ----------------------------------------------------
     async def encode_frames(self, body: bytes) -> list[bytes]:
