@@ -123,8 +123,9 @@ def check_embeds(h: FrameHeader, layout: str) -> None:
         raise EmbedWireError(f"embeddings must be {'/'.join(EMBEDS_DTYPES)}, got {h.dtype}")
     width = layout_width(layout)
     if len(h.shape) != 2 or h.shape[0] < 1 or h.shape[1] != (width or h.shape[1]):
+        hidden = "hidden" if width is None else str(width)
         raise EmbedWireError(
-            f"embeddings must be [tokens, {width}] (the model's hidden size), got {list(h.shape)}"
+            f"embeddings must be [tokens, {hidden}] (the model's hidden size), got {list(h.shape)}"
         )
 
 
