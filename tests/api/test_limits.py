@@ -12,10 +12,12 @@ import pytest
 
 from tests.api.ops_helpers import CHAT, serve
 from tests.conftest import MAX_MODEL_LEN, MODEL
+from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.openai.validation import MAX_CHARS_PER_TOKEN
+from trtllm_gateway.openai.schemas import ChatCompletionRequest
+from trtllm_gateway.openai.validation import MAX_CHARS_PER_TOKEN, check_values
 
 LIMIT = 4096
 
@@ -69,3 +71,34 @@ async def test_text_no_context_could_hold_is_refused_untokenized(
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "context_length_exceeded"
     assert no_tokenizing == []
+
+
+def test_image_part_urls_are_not_prompt_text() -> None:
+    """Issue 40 item 7: an image_embeds data: URL of a real model's embedding (576 x 4096 fp16:
+    6.3 M base64 characters) counted as prompt text, so the documented way to send one was a
+    context_length_exceeded on any model. Image parts' URLs are exempt (their own bounds:
+    --max-image-bytes, the context once expanded); the same characters as text are not."""
+    limit = MAX_MODEL_LEN * MAX_CHARS_PER_TOKEN
+    url = "data:application/octet-stream;base64," + "A" * (limit + 4)
+    parts = [
+        {"type": "image_embeds", "image_embeds": {"url": url}},
+        {"type": "image_embeds", "image_embeds": url},
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "describe"},
+    ]
+    body = ChatCompletionRequest.model_validate(
+        {**CHAT, "messages": [{"role": "user", "content": parts}]}
+    )
+    check_values(body, limit)
+    as_text = ChatCompletionRequest.model_validate(
+        {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": url}]}]}
+    )
+    with pytest.raises(BadRequestError) as info:
+        check_values(as_text, limit)
+    assert info.value.code == "context_length_exceeded"
+    # Only the URL of an image part: the same key elsewhere (an unknown field) is text.
+    smuggled = ChatCompletionRequest.model_validate(
+        {**CHAT, "messages": [{"role": "user", "content": "hi", "image_embeds": url}]}
+    )
+    with pytest.raises(BadRequestError):
+        check_values(smuggled, limit)

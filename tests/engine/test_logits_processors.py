@@ -18,9 +18,15 @@ import torch
 from tests.engine.conftest import EngineFactory, chat_ids, collect, greedy
 from trtllm_gateway.engine.logits.load import TEST_PROCESSOR
 from trtllm_gateway.engine.logits.processor import ExtraArgs, LogitsProcessor, Row
-from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError, SamplingParams
+from trtllm_gateway.engine.protocol import (
+    GenerateRequest,
+    InvalidRequestError,
+    RequestFailedError,
+    SamplingParams,
+)
 
 HERE = "tests.engine.test_logits_processors"
+DOCSTRING_BAN = "tests.engine.docstring_processor:Ban"  # the docstring's own example
 
 
 class BanFirstChoice(LogitsProcessor[list[int]]):
@@ -44,6 +50,18 @@ class BanFirstChoice(LogitsProcessor[list[int]]):
             if row.state[0] < 0:
                 row.state[0] = int(logits[i].argmax())
             logits[i, row.state[0]] = float("-inf")
+
+
+class SetupBug(LogitsProcessor[int]):
+    """A processor whose own setup is broken (vllm_xargs "setup_bug" selects it)."""
+
+    def new_state(self, prompt_token_ids: Sequence[int], args: ExtraArgs) -> int | None:
+        if "setup_bug" in args:
+            raise RuntimeError("the processor's own bug")
+        return None
+
+    def apply(self, logits: torch.Tensor, rows: Sequence[Row[int]]) -> None:
+        pass
 
 
 def _ids(events: list[Any]) -> list[int]:
@@ -116,5 +134,42 @@ async def test_one_call_per_step_for_all_rows_and_failures_stay_per_request(
     results = await asyncio.gather(
         collect(engine, boom), collect(engine, fine), return_exceptions=True
     )
-    assert isinstance(results[0], InvalidRequestError) and "boom" in str(results[0])
+    # The processor's own bug in apply: a 500 for its request (it was a 400 before issue 40).
+    assert isinstance(results[0], RequestFailedError) and "boom" in str(results[0])
     assert isinstance(results[1], list) and results[1][-1].finish_reason == "length"
+
+
+async def test_whatever_a_processor_raises_in_setup_fails_only_its_request(
+    make_engine: EngineFactory, tokenizer: Any
+) -> None:
+    """Issue 40 item 2: the docstring's example with {"ban": [1, 2]} raised TypeError in setup,
+    which ended the engine core (every stream 503, the server exited)."""
+    engine = await make_engine(logits_processor=[DOCSTRING_BAN, f"{HERE}:SetupBug"])
+    prompts = [chat_ids(tokenizer, t) for t in ("Name a color.", "Name a fruit.")]
+    victims = [GenerateRequest(f"v{i}", p, greedy(8)) for i, p in enumerate(prompts)]
+    alone = [_ids(await collect(engine, v)) for v in victims]
+    vocab = engine.info.vocab_size
+    attacks = {
+        "list": (("ban", (1, 2)),),  # int([1, 2]): TypeError
+        "text": (("ban", "seven"),),  # int("seven"): ValueError
+        "past-vocab": (("ban", vocab + 5),),  # would index past the logits in apply
+        "bug": (("setup_bug", 1),),  # the processor's own RuntimeError
+    }
+    reqs = [GenerateRequest(k, prompts[0], greedy(8, extra_args=a)) for k, a in attacks.items()]
+    again = [GenerateRequest(f"w{i}", p, greedy(8)) for i, p in enumerate(prompts)]
+    results = await asyncio.gather(
+        *(collect(engine, r) for r in (*reqs, *again)), return_exceptions=True
+    )
+    got = dict(zip(attacks, results, strict=False))
+    for name in ("list", "text", "past-vocab"):
+        err = got[name]
+        assert isinstance(err, InvalidRequestError), (name, err)
+        assert err.param == "vllm_xargs" and "ban must be a token id" in str(err), err
+    assert isinstance(got["bug"], RequestFailedError) and "own bug" in str(got["bug"])
+    assert [_ids(r) for r in results[len(reqs) :]] == alone  # type: ignore[arg-type]
+    # A valid ban works: the token the model wanted first is never sampled.
+    first = alone[0][0]
+    banned = await collect(
+        engine, GenerateRequest("ok", prompts[0], greedy(8, extra_args=(("ban", first),)))
+    )
+    assert first not in _ids(banned)

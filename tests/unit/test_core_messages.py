@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trtllm_gateway.app.errors import from_engine_error
 from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
@@ -13,6 +14,7 @@ from trtllm_gateway.engine.protocol import (
     GuidedDecoding,
     InvalidRequestError,
     OverloadedError,
+    RequestFailedError,
     SamplingParams,
     TokenEvent,
     TokenLogprob,
@@ -84,6 +86,11 @@ def test_errors_keep_their_kind_and_param() -> None:
     assert type(back(OverloadedError("full"))) is OverloadedError
     dead = back(RuntimeError("step failed"))
     assert type(dead) is EngineDeadError and str(dead) == "step failed"
+    # One request's failure by the engine's fault (issue 40): a 500 for it, not a dead engine.
+    failed = back(RequestFailedError("logits processor Ban failed"))
+    assert type(failed) is RequestFailedError and str(failed) == "logits processor Ban failed"
+    err = from_engine_error(failed)
+    assert (err.status_code, err.code) == (500, "request_failed")
 
 
 def test_garbage_is_refused() -> None:

@@ -24,6 +24,8 @@ from trtllm_gateway.engine.disagg.embed_wire import (
     decode_frames,
     encode_frame,
 )
+from trtllm_gateway.multimodal.embeds import decode_embeds
+from trtllm_gateway.multimodal.errors import MediaRejectedError
 
 PIXELS = bytes(range(2 * 3 * 3))  # a 2x3 RGB image
 
@@ -119,3 +121,13 @@ def test_frames_before_a_bad_one_come_out_first() -> None:
     assert next(frames).header.image_hash == "h1"
     with pytest.raises(EmbedWireError, match="bad magic"):
         next(frames)
+
+
+def test_a_client_embedding_of_pixel_bytes_is_refused_at_the_http_edge() -> None:
+    """uint8 is a "pixels" dtype: as an image_embeds file it is a 400 before the engine sees it
+    (the width, the model's, is checked in the engine core before any step: issue 40)."""
+    data = encode_frame("embeds", "x", "uint8", (5, 64), bytes(320), "llava:9:64")
+    with pytest.raises(MediaRejectedError, match="float32/float16/bfloat16"):
+        decode_embeds(data)
+    ok = encode_frame("embeds", "x", "float16", (5, 7), bytes(70), "llava:9:64")
+    assert decode_embeds(ok).hash.startswith("embeds-")

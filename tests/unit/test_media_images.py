@@ -6,14 +6,22 @@ import io
 import struct
 import warnings
 import zlib
+from pathlib import Path
 
 import pytest
 from blake3 import blake3
 from PIL import Image
 
 from tests.unit.test_media_server import png_bytes
+from trtllm_gateway.engine.image_resize import resize_edge, resized_pixels
 from trtllm_gateway.multimodal.errors import MediaRejectedError
-from trtllm_gateway.multimodal.images import decode_image, hash_image_bytes, rgb_nbytes
+from trtllm_gateway.multimodal.images import (
+    checked_pixels,
+    decode_image,
+    hash_image_bytes,
+    image_pixels,
+    rgb_nbytes,
+)
 
 
 def png_header(width: int, height: int) -> bytes:
@@ -112,3 +120,42 @@ def test_hash_is_blake3_hex_of_bytes() -> None:
     data = png_bytes()
     assert hash_image_bytes(data) == blake3(data).hexdigest()
     assert hash_image_bytes(data) != hash_image_bytes(png_bytes(color="blue"))
+
+
+def test_a_thin_image_is_refused_by_its_aspect_ratio_before_decoding() -> None:
+    """Issue 40 item 5: a 117-byte 1 x 300,000 PNG, enlarged by the model's processor until its
+    short edge fits (every LLaVA: shortest edge 336), took an engine core from 412 MB to 3.3 GB.
+    The header says enough: refused at 200:1 (the default), nothing decoded."""
+    header = png_header(300_000, 1)
+    with pytest.raises(MediaRejectedError) as info:
+        decode_image(header, max_pixels=40_000_000, max_aspect_ratio=200)
+    assert info.value.code == "image_aspect_ratio"
+    assert "300000x1" in info.value.message and "--max-image-aspect-ratio" in info.value.message
+    with pytest.raises(MediaRejectedError, match="aspect ratio"):
+        image_pixels(png_header(1, 201), max_pixels=10**6, max_aspect_ratio=200)
+    assert image_pixels(png_header(1, 200), max_pixels=10**6, max_aspect_ratio=200) == 200
+
+
+def test_pixels_count_as_the_model_will_see_them() -> None:
+    """A 4 x 800 image (200:1, allowed) has 3,200 pixels, but a processor resizing its shortest
+    edge to 32 makes it 32 x 6,400: 204,800 pixels, counted in the limit and the budget."""
+    data = png_header(4, 800)
+    assert image_pixels(data, max_pixels=10**6) == 3_200
+    assert image_pixels(data, max_pixels=10**6, resize_edge=32) == 204_800
+    with pytest.raises(MediaRejectedError) as info:
+        image_pixels(data, max_pixels=100_000, resize_edge=32)
+    assert info.value.code == "image_too_large" and "once resized" in info.value.message
+    # A large image shrinks: its own pixels count.
+    assert checked_pixels((1000, 2000), 10**7, 200, 32) == 2_000_000
+    # transformers' get_resize_output_image_size: the long edge is int(edge * long / short).
+    assert resized_pixels(3, 10, 32) == 32 * int(32 * 10 / 3)
+
+
+def test_the_resize_edge_is_the_checkpoints(tmp_path: Path) -> None:
+    assert resize_edge(tmp_path) == 0  # no preprocessor_config.json
+    (tmp_path / "preprocessor_config.json").write_text('{"size": {"shortest_edge": 336}}')
+    assert resize_edge(tmp_path) == 336
+    (tmp_path / "preprocessor_config.json").write_text('{"size": {"height": 384, "width": 384}}')
+    assert resize_edge(tmp_path) == 384
+    (tmp_path / "preprocessor_config.json").write_text("not json")
+    assert resize_edge(tmp_path) == 0

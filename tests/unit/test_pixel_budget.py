@@ -165,3 +165,42 @@ async def test_a_release_between_a_cancel_and_its_cleanup_skips_the_cancelled() 
     assert (budget.in_flight, budget.waiting, first.pixels, second.pixels) == (50, 0, 0, 50)
     second.release()
     assert budget.in_flight == 0
+
+
+async def test_a_thin_image_reserves_the_pixels_it_will_be_resized_to() -> None:
+    """Issue 40 item 5: the budget counts an image as the model's processor will make it (its
+    shortest edge resized to EngineInfo.image_resize_edge), not by its few pixels on the wire."""
+    image = Image.new("1", (4, 800))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    budget = PixelBudget(10**6)
+    lease = budget.lease()
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(500)))
+    got = await load_chat_images(
+        message(url),
+        client=client,
+        config=MediaConfig(),
+        cache=MediaCache(0),
+        pixels=lease,
+        resize_edge=32,
+    )
+    assert got[0].payload.size == (4, 800)  # type: ignore[attr-defined]
+    assert lease.pixels == budget.in_flight == 32 * 6_400
+    lease.release()
+    thin = Image.new("1", (1, 300_000))
+    buf = io.BytesIO()
+    thin.save(buf, format="PNG", optimize=True)
+    assert len(buf.getvalue()) < 2_000
+    with pytest.raises(MediaRejectedError) as info:
+        await load_chat_images(
+            message("data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()),
+            client=client,
+            config=MediaConfig(),
+            cache=MediaCache(0),
+            pixels=budget.lease(),
+            resize_edge=32,
+        )
+    assert info.value.code == "image_aspect_ratio"
+    assert info.value.param == "messages[0].content[0].image_url"
+    assert budget.in_flight == 0

@@ -97,7 +97,8 @@ class HostSampler(Sampler):
         results = self(logits, seqs)
         ids = torch.tensor([max(r.token_id, 0) for r in results], dtype=torch.int64)
         failed = {i: r.error for i, r in enumerate(results) if r.error is not None}
-        return PendingSample(ids, ids.clone(), None, failed=failed)
+        internal = {i for i, r in enumerate(results) if r.internal}
+        return PendingSample(ids, ids.clone(), None, failed=failed, internal=internal)
 
 
 def plain_stepper(lm: LoadedModel, max_batch_size: int = 8, max_num_tokens: int = 64) -> Stepper:

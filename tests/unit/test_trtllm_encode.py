@@ -222,6 +222,16 @@ async def test_image_embeds_parts_answer_as_their_image(llava_dir: Path, tmp_pat
             part = {"type": "image_embeds", "image_embeds": _data_url(wrong, octet)}
             r = await client.post("/v1/chat/completions", json=chat(part))
             assert r.status_code == 400 and "layout" in r.json()["error"]["message"]
+            # Our own layout string over a tensor of another width (issue 40): a 400 naming
+            # the width, before TensorRT-LLM sees it.
+            tokens, width = frame.header.shape
+            narrow = encode_frame(
+                "embeds", "x", "float32", (tokens, 7), bytes(tokens * 7 * 4), frame.header.layout
+            )
+            part = {"type": "image_embeds", "image_embeds": _data_url(narrow, octet)}
+            r = await client.post("/v1/chat/completions", json=chat(part))
+            assert r.status_code == 400, r.text
+            assert f"[tokens, {width}]" in r.json()["error"]["message"]
 
 
 async def test_an_encode_instance_refuses_generation_with_a_400(

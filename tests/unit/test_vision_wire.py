@@ -4,6 +4,7 @@ chat templates want image placeholders."""
 
 from __future__ import annotations
 
+import struct
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +18,13 @@ from trtllm_gateway.engine.builtin.vision.placement import (
     expand_prompt,
     image_embeds_for,
 )
-from trtllm_gateway.engine.disagg.embed_wire import EmbedWireError, decode_frames, encode_frame
+from trtllm_gateway.engine.disagg.embed_tensors import check_finite
+from trtllm_gateway.engine.disagg.embed_wire import (
+    EmbedWireError,
+    decode_frames,
+    encode_frame,
+    layout_width,
+)
 from trtllm_gateway.engine.disagg.remote_encode import RemoteEncoder
 from trtllm_gateway.engine.protocol import InvalidRequestError
 from trtllm_gateway.engine.tokenizer import content_format
@@ -119,3 +126,64 @@ def test_content_format_follows_the_template() -> None:
     assert content_format("{% for m in messages %}{{ m['content'] }}{% endfor %}") == "string"
     loop = "{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}"
     assert content_format(loop) == "openai"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shape", "why"),
+    [
+        ("float32", (5, 7), r"\[tokens, 64\]"),
+        ("float32", (0, 64), r"\[tokens, 64\]"),
+        ("float32", (1, 5, 64), r"\[tokens, 64\]"),
+        ("uint8", (5, 64), "float32/float16/bfloat16"),
+    ],
+)
+async def test_a_sibling_answer_the_model_cannot_take_is_encoded_here(
+    dtype: str, shape: tuple[int, ...], why: str
+) -> None:
+    """Issue 40 item 1: a hostile encode sibling's frame under our own layout string, of another
+    width, rank or dtype, is the sibling's fault: refused at decode, the images encoded here."""
+    layout = "llava:9:64"
+    size = {"float32": 4, "uint8": 1}[dtype]
+    n = size
+    for d in shape:
+        n *= d
+    # TensorRT-LLM's layout names the width too (engine/trtllm/encode.py embeds_layout).
+    for ours in ("trtllm:llava:hidden=64", layout):
+        body = encode_frame("embeds", "h1", dtype, shape, bytes(n), ours)
+        with pytest.raises(EmbedWireError, match=why):
+            list(decode_frames(body, "embeds", expected_layout=ours))
+
+    enc = RemoteEncoder(["http://sib:1"], timeout=5.0, backoff=60.0)
+    enc._client = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda _: httpx.Response(200, content=body))
+    )
+    try:
+        assert await enc.encode([b""], ["h1"], layout) is None
+    finally:
+        await enc.aclose()
+    assert enc.stats.outcomes == {"local_fallback": 1}
+
+
+def test_layout_width() -> None:
+    assert layout_width("llava:32000:4096") == 4096
+    assert layout_width("trtllm:llava:hidden=4096") == 4096
+    assert layout_width("L") is None
+
+
+async def test_a_sibling_answer_of_nan_is_encoded_here() -> None:
+    """Right shape, NaN values: the check the embedders pass (embed_tensors.check_finite) makes
+    it the sibling's fault, counted as a local fallback, the sibling marked."""
+    nan = struct.pack("<f", float("nan")) * (2 * 64)
+    body = encode_frame("embeds", "h1", "float32", (2, 64), nan, "llava:9:64")
+    enc = RemoteEncoder(["http://sib:1"], timeout=5.0, backoff=60.0)
+    enc._client = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda _: httpx.Response(200, content=body))
+    )
+    try:
+        got = await enc.encode([b""], ["h1"], "llava:9:64")
+        assert got is not None  # without the check the frame is well formed
+        assert await enc.encode([b""], ["h1"], "llava:9:64", check=check_finite) is None
+    finally:
+        await enc.aclose()
+    assert enc.stats.outcomes == {"remote": 1, "local_fallback": 1}
+    assert enc.pool.pick() is None  # marked: backing off

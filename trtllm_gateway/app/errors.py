@@ -10,6 +10,7 @@
     ├── InvalidRequestError            400 (ContextTooLongError: code context_length_exceeded)
     ├── OverloadedError                503 + Retry-After
     ├── EngineDeadError                503
+    ├── RequestFailedError             500 / request_failed (the engine's fault; it goes on)
     └── RemotePrefillFailedError       503
 
     MediaError (multimodal/errors.py)  its own status_code: 400 refused image, 502 image host
@@ -37,6 +38,7 @@ from trtllm_gateway.engine.protocol import (
     InvalidRequestError,
     OverloadedError,
     RemotePrefillFailedError,
+    RequestFailedError,
 )
 from trtllm_gateway.multimodal import MediaError
 
@@ -97,6 +99,8 @@ def from_engine_error(exc: EngineError) -> GatewayError:
         return ServiceUnavailableError(str(exc) or "Server overloaded", code="overloaded")
     if isinstance(exc, EngineDeadError):
         return ServiceUnavailableError(str(exc) or "Engine is dead", code="engine_dead")
+    if isinstance(exc, RequestFailedError):
+        return GatewayError(str(exc) or "The engine failed this request", code="request_failed")
     if isinstance(exc, RemotePrefillFailedError):
         return ServiceUnavailableError(str(exc) or "Remote prefill failed", code="prefill_failed")
     return GatewayError("Internal engine error")

@@ -38,6 +38,13 @@ class MediaConfig(BaseModel):
         "--media-fetch-timeout for room (then 503), more than all of it is a 400 (unset: 2 x "
         "--max-image-pixels; 0: no bound).",
     )
+    max_image_aspect_ratio: float = Field(
+        200.0,
+        ge=1.0,
+        description="Largest ratio of an image's long edge to its short edge (Qwen2-VL's image "
+        "processor refuses past 200 too); the model's processor enlarges a thin image until its "
+        "short edge fits, so a 1 x 300,000 PNG of 117 bytes became gigabytes of pixels.",
+    )
     max_images_per_request: int = Field(8, ge=0, description="Most images in one request.")
     max_redirects: int = Field(5, ge=0, description="Most redirects followed per image URL.")
     media_cache_bytes: int = Field(

@@ -36,6 +36,9 @@ class EngineInfo:
     max_batch_size: int = 0
     # LoRA adapters a request may name as its model (TensorRT-LLM --lora-modules).
     lora_names: tuple[str, ...] = ()
+    # The shortest edge the image processor resizes every image to (engine/image_resize.py; 0:
+    # none known): the gateway counts an image's pixels after that resize.
+    image_resize_edge: int = 0
 
 
 GuidedKind = Literal["json", "json_object", "regex", "grammar"]
@@ -222,6 +225,11 @@ class OverloadedError(EngineError):
 
 class EngineDeadError(EngineError):
     """The engine failed and serves nothing more; health is dead."""
+
+
+class RequestFailedError(EngineError):
+    """The engine failed this request on its own fault, not the client's (a logits processor's
+    bug, a forward pass that raised), and goes on serving the others."""
 
 
 class RemotePrefillFailedError(EngineError):

@@ -14,7 +14,12 @@ from dataclasses import replace
 
 from blake3 import blake3
 
-from trtllm_gateway.engine.disagg.embed_wire import EmbedWireError, Frame, decode_frames
+from trtllm_gateway.engine.disagg.embed_wire import (
+    EMBEDS_DTYPES,
+    EmbedWireError,
+    Frame,
+    decode_frames,
+)
 from trtllm_gateway.engine.protocol import ImageInput
 from trtllm_gateway.multimodal.errors import MediaRejectedError
 
@@ -38,6 +43,13 @@ def decode_embeds(data: bytes) -> ImageInput:
             f"image_embeds must be [tokens, hidden], got {list(frame.header.shape)}",
             code=EMBEDS_CODE,
         )
+    if frame.header.dtype not in EMBEDS_DTYPES:
+        raise MediaRejectedError(
+            f"image_embeds must be {'/'.join(EMBEDS_DTYPES)}, got {frame.header.dtype}",
+            code=EMBEDS_CODE,
+        )
+    # The width is the engine's to check (the model's hidden size: embed_tensors.check_layout),
+    # before any step: a [5, 7] tensor under a 64-wide model's layout ended the engine.
     # Content-addressed like images (the same file is the same "image"); the hash a client
     # wrote in the header is not trusted.
     image_hash = f"embeds-{blake3(data).hexdigest()}"

@@ -1,8 +1,9 @@
 """Image bytes -> (BLAKE3 hash, RGB PIL image), with a per-call pixel limit checked before decoding.
 
 Pillow's own module-level MAX_IMAGE_PIXELS stays untouched (it is process-global); ours is checked
-on the header size, before any pixel data is decoded. Only a few plain raster formats are opened:
-no EPS (Ghostscript), no TIFF, no plugins that shell out.
+on the header size, before any pixel data is decoded: the pixels the image will have once the
+model's processor has resized it (EngineInfo.image_resize_edge), and its aspect ratio. Only a
+few plain raster formats are opened: no EPS (Ghostscript), no TIFF, no plugins that shell out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Final
 from blake3 import blake3
 from PIL import Image
 
+from trtllm_gateway.engine.image_resize import resized_pixels
 from trtllm_gateway.multimodal.errors import MediaRejectedError
 
 ALLOWED_FORMATS: Final = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # JPEG covers MPO
@@ -32,24 +34,38 @@ def rgb_nbytes(image: Image.Image) -> int:
     return width * height * 3
 
 
-def image_pixels(data: bytes, *, max_pixels: int) -> int:
-    """width x height from the header alone, nothing decoded (blocking but quick: a thread).
+def image_pixels(
+    data: bytes,
+    *,
+    max_pixels: int,
+    max_aspect_ratio: float = float("inf"),
+    resize_edge: int = 0,
+) -> int:
+    """The image's pixels as the model will see them, from the header alone, nothing decoded
+    (blocking but quick: a thread); checked_pixels says which.
 
     The decoded-pixel budget is reserved with it before decode_image runs. Raises as
-    decode_image does for a header that is not a supported image or has too many pixels.
+    decode_image does for a header that is not a supported image, too thin or too large.
     """
     with _opened(data) as image:
-        return _checked_pixels(image, max_pixels)
+        return checked_pixels(image.size, max_pixels, max_aspect_ratio, resize_edge)
 
 
-def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
+def decode_image(
+    data: bytes,
+    *,
+    max_pixels: int,
+    max_aspect_ratio: float = float("inf"),
+    resize_edge: int = 0,
+) -> Image.Image:
     """Decode to a fully loaded RGB image (blocking: run it in a thread).
 
-    Raises MediaRejectedError for anything that is not a supported image, is truncated, or has
-    more than max_pixels pixels (checked from the header, before decoding).
+    Raises MediaRejectedError for anything that is not a supported image, is truncated, is
+    thinner than max_aspect_ratio or has more than max_pixels pixels once resized (checked from
+    the header, before decoding).
     """
     with _opened(data) as image:
-        _checked_pixels(image, max_pixels)
+        checked_pixels(image.size, max_pixels, max_aspect_ratio, resize_edge)
         image.load()
         return _to_rgb(image)
 
@@ -70,16 +86,34 @@ def _opened(data: bytes) -> Iterator[Image.Image]:
         raise _not_an_image() from None
 
 
-def _checked_pixels(image: Image.Image, max_pixels: int) -> int:
-    width, height = image.size
+def checked_pixels(
+    size: tuple[int, int],
+    max_pixels: int,
+    max_aspect_ratio: float = float("inf"),
+    resize_edge: int = 0,
+) -> int:
+    """The pixels an image of `size` counts: the larger of its own and those it will have once
+    the model's processor resized its shortest edge to resize_edge (0: no resize). Raises
+    MediaRejectedError when it is too thin (image_aspect_ratio) or counts more than max_pixels
+    (image_too_large)."""
+    width, height = size
     if width <= 0 or height <= 0:
         raise _not_an_image()
-    if width * height > max_pixels:
+    ratio = max(width, height) / min(width, height)
+    if ratio > max_aspect_ratio:
         raise MediaRejectedError(
-            f"image has {width}x{height} pixels, more than the {max_pixels} allowed",
+            f"image is {width}x{height}, an aspect ratio of {ratio:.0f}:1, more than the "
+            f"{max_aspect_ratio:g}:1 allowed (--max-image-aspect-ratio)",
+            code="image_aspect_ratio",
+        )
+    pixels = max(width * height, resized_pixels(width, height, resize_edge))
+    if pixels > max_pixels:
+        resized = "" if pixels == width * height else f" once resized for the model ({pixels})"
+        raise MediaRejectedError(
+            f"image has {width}x{height} pixels{resized}, more than the {max_pixels} allowed",
             code="image_too_large",
         )
-    return width * height
+    return pixels
 
 
 def _too_many_pixels() -> MediaRejectedError:

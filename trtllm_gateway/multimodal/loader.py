@@ -31,6 +31,7 @@ from trtllm_gateway.multimodal.errors import (
 )
 from trtllm_gateway.multimodal.fetch import FetchLimits, fetch_url
 from trtllm_gateway.multimodal.images import (
+    checked_pixels,
     decode_image,
     hash_image_bytes,
     image_pixels,
@@ -102,6 +103,7 @@ async def load_chat_images(
     metrics: MediaMetrics | None = None,
     policy: EgressPolicy | None = None,
     pixels: PixelLease | None = None,
+    resize_edge: int = 0,
 ) -> list[ImageInput]:
     """Load every image of a chat request, in order, as ImageInput(hash, RGB PIL image).
 
@@ -109,7 +111,9 @@ async def load_chat_images(
     returned images are shared with the cache and must not be mutated. `pixels`: the request's
     lease on the shared budget; the images' pixels are reserved on it before any is decoded
     (MediaBusyError 503 after media_fetch_timeout, 400 past the whole budget), and the caller
-    releases it once the images are dropped.
+    releases it once the images are dropped. resize_edge: the shortest edge the model's
+    processor resizes images to (EngineInfo.image_resize_edge): an image counts the pixels it
+    will have then, if more than its own.
     """
     refs = list(iter_image_refs(messages))
     limit = config.max_images_per_request
@@ -122,7 +126,12 @@ async def load_chat_images(
     if not refs:
         return []
     loader = _Loader(
-        client, config, cache, metrics or MediaMetrics(), policy or egress_policy(config)
+        client,
+        config,
+        cache,
+        metrics or MediaMetrics(),
+        policy or egress_policy(config),
+        resize_edge,
     )
     try:
         staged = await _each(loader.stage, refs, refs)
@@ -171,6 +180,7 @@ class _Loader:
     cache: MediaCache
     metrics: MediaMetrics
     policy: EgressPolicy
+    resize_edge: int = 0
     unfinished: list[_Staged] = field(default_factory=list)
 
     async def stage(self, ref: ImageRef) -> _Staged:
@@ -191,11 +201,10 @@ class _Loader:
             if isinstance(cached, Image.Image):
                 self.metrics.cache_hits += 1
                 ready = ImageInput(hash=image_hash, payload=cached)
-                pixels = cached.width * cached.height
+                pixels = self._pixels(cached.size)
                 return self._staged(_Staged(ref, source, nbytes, pixels, ready=ready))
             self.metrics.cache_misses += 1
-            max_pixels = self.config.max_image_pixels
-            pixels = await asyncio.to_thread(image_pixels, data, max_pixels=max_pixels)
+            pixels = await asyncio.to_thread(image_pixels, data, **self._limits())
             staged = _Staged(ref, source, nbytes, pixels, data=data, image_hash=image_hash)
             return self._staged(staged)
         except BaseException as exc:
@@ -216,6 +225,17 @@ class _Loader:
             raise
         self.metrics.record(staged.source, "ok", staged.nbytes)
         return image
+
+    def _limits(self) -> dict[str, Any]:
+        return {
+            "max_pixels": self.config.max_image_pixels,
+            "max_aspect_ratio": self.config.max_image_aspect_ratio,
+            "resize_edge": self.resize_edge,
+        }
+
+    def _pixels(self, size: tuple[int, int]) -> int:
+        """A cached image's pixels as the model will see them (it passed the checks once)."""
+        return checked_pixels(size, **self._limits())
 
     def record(self, ref: ImageRef, source: Source, exc: BaseException, nbytes: int) -> None:
         """One image's failed outcome; an image's own MediaError names its param."""
@@ -261,7 +281,7 @@ class _Loader:
             raise MediaTimeoutError("reading the local image file timed out") from None
 
     async def _decode(self, data: bytes, image_hash: str) -> ImageInput:
-        image = await asyncio.to_thread(decode_image, data, max_pixels=self.config.max_image_pixels)
+        image = await asyncio.to_thread(decode_image, data, **self._limits())
         self.metrics.images_decoded += 1
         self.cache.put(IMAGE_NAMESPACE, image_hash, image, rgb_nbytes(image))
         return ImageInput(hash=image_hash, payload=image)

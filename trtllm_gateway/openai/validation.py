@@ -36,6 +36,10 @@ MAX_CHOICES = 2048
 # characters (runs of spaces or '=' are the longest).
 MAX_CHARS_PER_TOKEN = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# The URLs of image parts are not text: an image_embeds data: URL of a real model's embedding is
+# millions of characters (576 x 4096 fp16: 6.3 M base64), bounded by --max-image-bytes once
+# decoded and by the context once expanded in the engine (issue 40 item 7).
+_MEDIA_URL = re.compile(r"^messages\[\d+\]\.content\[\d+\]\.(image_url|image_embeds)(\.url)?$")
 # A token id has at most a handful of digits; a longer key is refused before int() (whose
 # 4300-digit limit raised ValueError, a 500) and before it costs quadratic time.
 _PROMPT_ITEM = re.compile(r"prompt\[\d+\]")
@@ -105,8 +109,9 @@ def check_choice_count(prompts: int, n: int) -> None:
 def check_values(body: BaseModel, max_text_chars: int | None = None) -> None:
     """A 400 naming the field for a lone surrogate in any string (or object key) of the
     request, or for nesting deeper than MAX_DEPTH; and a 400 when the request's text (every
-    string but image URLs; each element of a completions prompt list on its own, as each is
-    its own prompt) is longer than max_text_chars, before anything tokenizes it."""
+    string but the URLs of image_url and image_embeds parts; each element of a completions
+    prompt list on its own, as each is its own prompt) is longer than max_text_chars, before
+    anything tokenizes it."""
     chars: dict[str, int] = {}
     for path, value, depth in _walk(body):
         if depth > MAX_DEPTH:
@@ -121,7 +126,7 @@ def check_values(body: BaseModel, max_text_chars: int | None = None) -> None:
                 f"{_printable(path)} holds a lone UTF-16 surrogate (not valid Unicode).",
                 param=_param(path),
             )
-        if "image_url" in path:
+        if _MEDIA_URL.search(path):
             continue
         group = _PROMPT_ITEM.match(path)
         key = group.group(0) if group else ""

@@ -22,6 +22,7 @@ from trtllm_gateway.engine.builtin.outcomes import Emitted, Outcomes
 from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler, row_failure
 from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, Scheduler, StepOutput
 from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.builtin.step_failure import is_fatal, step_failed
 
 if TYPE_CHECKING:
     import torch
@@ -77,9 +78,14 @@ class OverlapPipeline:
         if not chunks:
             return events + self._drain()
         prev = self.inflight.pending.token_ids if self.inflight is not None else None
-        out = self.runner.run(chunks, prev)
-        seqs = [c.seq for c in out.sample_chunks]
-        pending = self.sampler.sample_async(out.logits, seqs) if seqs else None
+        try:
+            out = self.runner.run(chunks, prev)
+            seqs = [c.seq for c in out.sample_chunks]
+            pending = self.sampler.sample_async(out.logits, seqs) if seqs else None
+        except Exception as e:  # this step's requests fail, not the engine (step_failure.py)
+            if is_fatal(e):
+                raise
+            return events + self._fail(chunks, e)
         # The GPU now runs this step; finish the previous one on the host meanwhile.
         events += self._drain()
         self.scheduler.commit([c for c in chunks if not c.seq.is_finished])
@@ -88,6 +94,15 @@ class OverlapPipeline:
                 seq.token_ids.append(-(row + 1))
         self.inflight = _InFlight(seqs, pending) if pending is not None else None
         return events
+
+    def _fail(self, chunks: list[ScheduledChunk], exc: Exception) -> Emitted:
+        """The step in flight is good: resolve it; then fail the requests of the one that
+        raised (nothing of it was committed), those the drain did not finish."""
+        events = self._drain()
+        failing = [c.seq for c in chunks if not c.seq.is_finished]
+        for seq in failing:
+            self.forget(seq)
+        return events + self.outcomes.fail(failing, step_failed(exc, len(failing)))
 
     def _drain(self) -> Emitted:
         inflight, self.inflight = self.inflight, None
@@ -101,7 +116,8 @@ class OverlapPipeline:
                 continue  # stopped or aborted while this step ran
             if r.error is not None:
                 self.forget(seq)
-                events += self.outcomes.fail([seq], row_failure(seq, f"sampling failed: {r.error}"))
+                why = f"sampling failed: {r.error}"
+                events += self.outcomes.fail([seq], row_failure(seq, why, r.internal))
                 continue
             seq.token_ids[-1] = r.token_id
             self.outcomes.accept(seq, r, now, events)

@@ -16,6 +16,7 @@ from trtllm_gateway.engine.builtin.sampler import Sampler
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.guided.matcher import GuidedFactory
+from trtllm_gateway.engine.image_resize import resize_edge
 from trtllm_gateway.engine.kv_events.log import KvEventLog
 from trtllm_gateway.engine.logits.load import LogitsProcessors
 from trtllm_gateway.engine.logits.processor import ProcessorContext
@@ -71,6 +72,7 @@ def assemble(lm: LoadedModel, config: BuiltinConfig, kv_events: KvEventLog) -> E
         mode=engine.mode,
         kv_layout=lm.kv_layout,
         supports_images=lm.vision is not None,
+        image_resize_edge=resize_edge(lm.model_dir) if lm.vision is not None else 0,
         max_batch_size=engine.max_batch_size,
     )
     guided = GuidedFactory(lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids)

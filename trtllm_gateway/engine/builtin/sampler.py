@@ -4,9 +4,10 @@ temperature/top-k/top-p/min-p, seeded draws, logprobs.
 The logits processors (engine/logits) see the model's logits first, as TensorRT-LLM's logits
 post-processors do. A request whose adjustments fail (an id out of range, a constraint in error,
 its logits processor raising) is reported failed on its own row; the rest of the batch samples
-as if it were not there. Grammar masks (engine.guided) are built on the host for every
-constrained row and applied to the batch in one op; logprobs stay the model's raw ones, before
-any processor, mask or bias.
+as if it were not there. A processor's failure is its own bug, not the request's (`internal`:
+a 500, where the request's own inputs are a 400). Grammar masks (engine.guided) are built on the
+host for every constrained row and applied to the batch in one op; logprobs stay the model's raw
+ones, before any processor, mask or bias.
 
 Logprobs are the model's raw log-softmax (vLLM's default raw_logprobs), taken before penalties
 and temperature. On CPU every row draws from its own torch.Generator. On CUDA one Triton kernel
@@ -25,7 +26,12 @@ from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.guided.compile import DEFAULT_PARAMS
 from trtllm_gateway.engine.guided.matcher import RowMatcher, apply_bitmask, fill_bitmask
 from trtllm_gateway.engine.logits.load import apply_bound
-from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError, TokenLogprob
+from trtllm_gateway.engine.protocol import (
+    GenerateRequest,
+    InvalidRequestError,
+    RequestFailedError,
+    TokenLogprob,
+)
 
 
 @dataclass(slots=True)
@@ -33,6 +39,7 @@ class SampleResult:
     token_id: int
     logprob: TokenLogprob | None
     error: str | None = None  # this row failed (its token is meaningless)
+    internal: bool = False  # ... by the engine's fault (a logits processor's bug), not its own
 
 
 def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
@@ -61,8 +68,13 @@ def _check_ids(ids: list[int], vocab: int, what: str) -> None:
             raise ValueError(f"{what} id {t} is out of range [0, {vocab})")
 
 
-def row_failure(seq: Sequence, why: str) -> InvalidRequestError:
-    """One request's own failure in a step; a constraint in error names the param it came from."""
+def row_failure(
+    seq: Sequence, why: str, internal: bool = False
+) -> InvalidRequestError | RequestFailedError:
+    """One request's failure in a step: its own inputs' (a constraint in error names the param
+    it came from), or, internal, the engine's (a logits processor's bug: a 500, not a 400)."""
+    if internal:
+        return RequestFailedError(why)
     g, guided = seq.guided, seq.sampling.guided
     if g is not None and g.error is not None and guided is not None:
         return InvalidRequestError(why, param=DEFAULT_PARAMS[guided.kind])
@@ -139,6 +151,7 @@ class PendingSample:
     raw_logprobs: torch.Tensor | None = None
     logprob_ks: list[int | None] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)  # row -> why
+    internal: set[int] = field(default_factory=set)  # failed rows that are the engine's fault
 
     def resolve(self) -> list[SampleResult]:
         if self.ready is not None:
@@ -147,7 +160,7 @@ class PendingSample:
         results = []
         for i, token in enumerate(tokens):
             if i in self.failed:
-                results.append(SampleResult(-1, None, self.failed[i]))
+                results.append(SampleResult(-1, None, self.failed[i], i in self.internal))
                 continue
             k = self.logprob_ks[i] if self.logprob_ks else None
             lp = None
@@ -162,13 +175,17 @@ class Sampler:
         self.eos = eos_token_ids
 
     @torch.inference_mode()
-    def prepare(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, str]:
+    def prepare(
+        self, logits: torch.Tensor, seqs: list[Sequence]
+    ) -> tuple[dict[int, str], set[int]]:
         """Apply every per-row adjustment and the grammar masks to logits in place.
 
-        Returns the rows that failed (row -> message); their logits are left harmless (zeros)
-        and their tokens must be ignored. Nothing a single request asks for fails another row.
+        Returns the rows that failed (row -> message), and those of them whose logits processor
+        raised (the engine's fault); their logits are left harmless (zeros) and their tokens
+        must be ignored. Nothing a single request asks for fails another row.
         """
         failed = _apply_processors(logits, seqs)
+        internal = set(failed)
         masked: list[RowMatcher] = []
         rows: list[int] = []
         for i, seq in enumerate(seqs):
@@ -193,7 +210,7 @@ class Sampler:
         if masked:
             mask = fill_bitmask(masked, logits.shape[1], pin=logits.is_cuda)
             apply_bitmask(logits, mask, None if len(rows) == len(seqs) else rows)
-        return failed
+        return failed, internal
 
     def sample_async(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
         """CUDA: sample every row in one kernel and start the copy of the ids to the host.
@@ -206,7 +223,7 @@ class Sampler:
 
         want_lp = any(s.sampling.logprobs is not None for s in seqs)
         raw_lp = logits.log_softmax(-1) if want_lp else None
-        failed = self.prepare(logits, seqs)
+        failed, internal = self.prepare(logits, seqs)
         temps: list[float] = []
         keys: list[int] = []
         for i, seq in enumerate(seqs):
@@ -229,7 +246,7 @@ class Sampler:
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record()
         ks = [s.sampling.logprobs for s in seqs] if want_lp else []
-        return PendingSample(token_ids, host, ready, raw_lp, ks, failed)
+        return PendingSample(token_ids, host, ready, raw_lp, ks, failed, internal)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
         """logits: [len(seqs), vocab] float32, one row per sequence that samples this step."""
@@ -237,13 +254,13 @@ class Sampler:
             return self.sample_async(logits, seqs).resolve()
         want_lp = any(s.sampling.logprobs is not None for s in seqs)
         raw_lp = logits.log_softmax(-1) if want_lp else None
-        failed = self.prepare(logits, seqs)
+        failed, internal = self.prepare(logits, seqs)
         greedy_rows = [i for i, s in enumerate(seqs) if _is_greedy(s)]
         argmax = logits.argmax(-1).tolist() if greedy_rows else []
         results: list[SampleResult] = []
         for i, seq in enumerate(seqs):
             if i in failed:
-                results.append(SampleResult(-1, None, failed[i]))
+                results.append(SampleResult(-1, None, failed[i], i in internal))
                 continue
             sp = seq.sampling
             if _is_greedy(seq):

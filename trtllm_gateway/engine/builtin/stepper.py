@@ -16,6 +16,7 @@ from trtllm_gateway.engine.builtin.overlap import OverlapPipeline
 from trtllm_gateway.engine.builtin.sampler import Sampler, row_failure
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
+from trtllm_gateway.engine.builtin.step_failure import is_fatal, step_failed
 from trtllm_gateway.engine.protocol import InvalidRequestError, OverloadedError, TokenEvent
 
 if TYPE_CHECKING:
@@ -154,7 +155,13 @@ class Stepper:
         chunks = self.scheduler.schedule()
         if not chunks:
             return []
-        out = self.runner.run(chunks)
+        try:
+            out = self.runner.run(chunks)
+        except Exception as e:  # this step's requests fail, not the engine (step_failure.py)
+            if is_fatal(e):
+                raise
+            failing = [c.seq for c in chunks]  # one chunk per sequence
+            return self.outcomes.fail(failing, step_failed(e, len(failing)))
         self.scheduler.commit(chunks)
         seqs = [c.seq for c in out.sample_chunks]
         try:
@@ -166,7 +173,8 @@ class Stepper:
         events: Emitted = []
         for seq, r in zip(seqs, results, strict=True):
             if r.error is not None:
-                events += self.outcomes.fail([seq], row_failure(seq, f"sampling failed: {r.error}"))
+                why = f"sampling failed: {r.error}"
+                events += self.outcomes.fail([seq], row_failure(seq, why, r.internal))
                 continue
             seq.token_ids.append(r.token_id)
             self.outcomes.accept(seq, r, now, events)

@@ -23,12 +23,13 @@ from trtllm_gateway.engine.protocol import (
     EngineInfo,
     InvalidRequestError,
     OverloadedError,
+    RequestFailedError,
     SamplingParams,
     TokenEvent,
     TokenLogprob,
 )
 
-ErrorKind = Literal["invalid", "context", "overloaded", "dead"]
+ErrorKind = Literal["invalid", "context", "overloaded", "failed", "dead"]
 
 
 class RequestError(msgspec.Struct, frozen=True, array_like=True):
@@ -48,6 +49,8 @@ class RequestError(msgspec.Struct, frozen=True, array_like=True):
             return cls("invalid", str(exc), exc.param)
         if isinstance(exc, OverloadedError):
             return cls("overloaded", str(exc))
+        if isinstance(exc, RequestFailedError):
+            return cls("failed", str(exc))
         return cls("dead", str(exc) or type(exc).__name__)
 
     def exception(self) -> EngineError:
@@ -57,6 +60,8 @@ class RequestError(msgspec.Struct, frozen=True, array_like=True):
             return InvalidRequestError(self.message, param=self.param)
         if self.kind == "overloaded":
             return OverloadedError(self.message)
+        if self.kind == "failed":
+            return RequestFailedError(self.message)
         return EngineDeadError(self.message)
 
 

@@ -11,7 +11,13 @@ from typing import Any
 
 import torch
 
-from trtllm_gateway.engine.disagg.embed_wire import Frame, decode_frames, encode_frame
+from trtllm_gateway.engine.disagg.embed_wire import (
+    EmbedWireError,
+    Frame,
+    check_embeds,
+    decode_frames,
+    encode_frame,
+)
 from trtllm_gateway.engine.protocol import ImageInput, InvalidRequestError
 
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -69,10 +75,31 @@ def request_images(body: bytes) -> list[ImageInput]:
 
 
 def check_layout(frame: Frame, layout: str) -> None:
-    """A precomputed embedding is usable only by an encoder of its layout (a 400 otherwise)."""
+    """A precomputed embedding is usable only by an encoder of its layout, and only in the
+    shape and dtype that layout's model takes (check_embeds): a 400 otherwise."""
     if frame.header.layout != layout:
         raise InvalidRequestError(
             f"image_embeds of layout {frame.header.layout!r} do not fit this model's vision "
             f"layout {layout!r}",
             param="messages",
         )
+    try:
+        check_embeds(frame.header, layout)
+    except EmbedWireError as e:
+        raise InvalidRequestError(f"image_embeds refused: {e}", param="messages") from None
+
+
+def check_finite(frames: Sequence[Frame]) -> None:
+    """An encode sibling's embeddings hold only finite values (EmbedWireError: its fault)."""
+    for frame in frames:
+        if not bool(torch.isfinite(frame_tensor(frame)).all()):
+            raise EmbedWireError(f"embeddings for {frame.header.image_hash} hold NaN or inf")
+
+
+def finite_tensor(frame: Frame) -> torch.Tensor:
+    """frame_tensor, refused (InvalidRequestError) unless every value is finite: a NaN row
+    would reach the KV cache and every token sampled after it."""
+    tensor = frame_tensor(frame)
+    if not bool(torch.isfinite(tensor).all()):
+        raise InvalidRequestError("image_embeds hold NaN or infinite values", param="messages")
+    return tensor

@@ -26,6 +26,7 @@ VERSION = 1
 CONTENT_TYPE = "application/x-trtllm-gateway-embeds"
 FrameKind = Literal["pixels", "embeds"]
 _ITEMSIZE = {"uint8": 1, "float32": 4, "float16": 2, "bfloat16": 2}
+EMBEDS_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class EmbedWireError(ValueError):
@@ -69,8 +70,9 @@ def encode_frame(
 def decode_frames(
     body: bytes, kind: FrameKind | tuple[FrameKind, ...], expected_layout: str | None = None
 ) -> Iterator[Frame]:
-    """Every frame of a body, checked (magic, version, kind, size, checksum, layout); `kind`
-    may name several (a request's images mixed with precomputed embeddings)."""
+    """Every frame of a body, checked (magic, version, kind, size, checksum; with an expected
+    layout, the layout and the embeddings' shape and dtype: check_embeds); `kind` may name
+    several (a request's images mixed with precomputed embeddings)."""
     kinds = (kind,) if isinstance(kind, str) else kind
     view = memoryview(body)
     pos = 0
@@ -93,6 +95,8 @@ def decode_frames(
                 f"sibling vision layout {header.layout!r} does not match ours {expected_layout!r}"
             )
         _check_size(header)
+        if expected_layout is not None and header.kind == "embeds":
+            check_embeds(header, expected_layout)
         start = pos + 8 + hlen
         data = view[start : start + header.nbytes]
         if len(data) != header.nbytes:
@@ -101,6 +105,28 @@ def decode_frames(
             raise EmbedWireError("frame checksum mismatch")
         yield Frame(header, data)
         pos = start + header.nbytes
+
+
+def layout_width(layout: str) -> int | None:
+    """The hidden size a vision layout names: its last field (the built-in engine's
+    `llava:32000:4096`, TensorRT-LLM's `trtllm:llava:hidden=4096`); None if it names none."""
+    last = layout.rpartition(":")[2].removeprefix("hidden=")
+    return int(last) if last.isdigit() else None
+
+
+def check_embeds(h: FrameHeader, layout: str) -> None:
+    """An embedding the model of `layout` (the receiver's own) can take: [tokens >= 1, its
+    hidden size] of a float dtype. The sender writes the header's layout string: a [5, 7]
+    tensor under a 64-wide model's layout reached the forward pass and killed the engine
+    (issue 40), so the shape is checked against the width the receiver's layout names."""
+    if h.dtype not in EMBEDS_DTYPES:
+        raise EmbedWireError(f"embeddings must be {'/'.join(EMBEDS_DTYPES)}, got {h.dtype}")
+    width = layout_width(layout)
+    if len(h.shape) != 2 or h.shape[0] < 1 or h.shape[1] != (width or h.shape[1]):
+        hidden = "hidden" if width is None else str(width)
+        raise EmbedWireError(
+            f"embeddings must be [tokens, {hidden}] (the model's hidden size), got {list(h.shape)}"
+        )
 
 
 def _check_size(h: FrameHeader) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -68,10 +68,13 @@ class RemoteEncoder:
         hashes: Sequence[str],
         layout: str,
         trace: tuple[tuple[str, str], ...] = (),
+        check: Callable[[Sequence[Frame]], None] | None = None,
     ) -> list[Frame] | None:
         """Embedding frames in image order, or None: encode locally (the fallback is counted).
 
-        trace: the request's W3C trace context, so the sibling's span is a child of ours."""
+        trace: the request's W3C trace context, so the sibling's span is a child of ours.
+        check: what the wire cannot check (finite values: embed_tensors.check_finite); its
+        EmbedWireError is the sibling's fault, as a malformed frame is."""
         sib = self.pool.pick()
         if sib is None:
             self._fallback("no encode sibling is available")
@@ -82,6 +85,8 @@ class RemoteEncoder:
                     frames = await self._call(sib, pixel_frames, layout, trace)
             if [f.header.image_hash for f in frames] != list(hashes):
                 raise _BadReply("it answered for other images")
+            if check is not None:
+                check(frames)
         except (TimeoutError, httpx.HTTPError, EmbedWireError, _BadReply) as e:
             self.pool.mark(sib, healthy=False)
             self._fallback(f"encode sibling {sib.url} failed: {type(e).__name__}: {e}")

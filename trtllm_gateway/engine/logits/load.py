@@ -9,6 +9,7 @@ for, in one call per processor.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,11 +20,20 @@ from trtllm_gateway.engine.logits.processor import (
     ProcessorContext,
     Row,
 )
-from trtllm_gateway.engine.protocol import InvalidRequestError, SamplingParams
+from trtllm_gateway.engine.protocol import (
+    InvalidRequestError,
+    RequestFailedError,
+    SamplingParams,
+)
 
 if TYPE_CHECKING:
     import torch
 
+logger = logging.getLogger(__name__)
+
+# What a processor raises on arguments it cannot take (`int(args["ban"])` on a list is a
+# TypeError, a missing key a KeyError): the client's fault, a 400 naming vllm_xargs.
+ARGUMENT_ERRORS = (ValueError, TypeError, LookupError)
 TEST_PROCESSOR = "trtllm_gateway.engine.logits.hello_world:HelloWorldLogitsProcessor"
 PARAM = "vllm_xargs"
 
@@ -82,13 +92,24 @@ class LogitsProcessors:
         return bool(self.processors)
 
     def bind(self, prompt_token_ids: Sequence[int], args: ExtraArgs) -> tuple[Bound, ...]:
-        """The states a new request gets; a processor's ValueError is the request's 400."""
+        """The states a new request gets. Whatever a processor raises fails this request only:
+        ValueError, TypeError or LookupError (its arguments) is an InvalidRequestError (400),
+        anything else the processor's own bug, a RequestFailedError (500)."""
         bound: list[Bound] = []
         for p in self.processors:
+            name = type(p).__name__
             try:
                 state = p.new_state(prompt_token_ids, args)
-            except ValueError as e:
-                raise InvalidRequestError(f"{type(p).__name__}: {e}", param=PARAM) from None
+            except ARGUMENT_ERRORS as e:
+                why = str(e) or type(e).__name__
+                raise InvalidRequestError(
+                    f"{name} refused vllm_xargs: {type(e).__name__}: {why}", param=PARAM
+                ) from None
+            except Exception as e:
+                logger.exception("logits processor %s failed to set up a request", name)
+                raise RequestFailedError(
+                    f"logits processor {name} failed: {type(e).__name__}: {e}"
+                ) from None
             if state is not None:
                 bound.append(Bound(p, state))
         return tuple(bound)

@@ -4,13 +4,24 @@ A processor class is named at start-up by import path (`--logits-processor modul
 built once per engine with a ProcessorContext. For every request the engine calls
 `new_state(prompt_token_ids, args)`; `args` are the request's `vllm_xargs` (vLLM's extension
 field, which vLLM hands to its own logits processors as SamplingParams.extra_args). A processor
-that returns None leaves the request alone, so requests select processors through their args;
-raising ValueError refuses the request (a 400 naming `vllm_xargs`). At each step that samples a
-token, `apply(logits, rows)` gets the rows of the requests it holds state for, in one call:
+that returns None leaves the request alone, so requests select processors through their args.
+Whatever a processor raises fails that one request, never the engine: ValueError, TypeError or
+LookupError in `new_state` refuses it (a 400 naming `vllm_xargs`: the client's arguments), any
+other exception there or in `apply` is the processor's bug (a 500). Check the arguments in
+`new_state`: an id past the vocabulary that reaches `apply` indexes past the logits, which on
+CUDA is a device-side assert that takes the whole engine down, not an exception. At each step
+that samples a token, `apply(logits, rows)` gets the rows of the requests it holds state for,
+in one call:
 
     class Ban(LogitsProcessor[int]):
         def new_state(self, prompt_token_ids, args):
-            return None if "ban" not in args else int(args["ban"])
+            if "ban" not in args:
+                return None
+            ban = args["ban"]
+            if type(ban) is not int or not 0 <= ban < self.context.vocab_size:
+                raise ValueError(f"ban must be a token id in [0, {self.context.vocab_size})")
+            return ban
+
         def apply(self, logits, rows):
             for i, row in enumerate(rows):
                 logits[i, row.state] = float("-inf")
@@ -75,12 +86,13 @@ class LogitsProcessor(ABC, Generic[S]):
 
     @abstractmethod
     def new_state(self, prompt_token_ids: Sequence[int], args: ExtraArgs) -> S | None:
-        """A request arrives: its state, or None to leave it alone. ValueError refuses it."""
+        """A request arrives: its state, or None to leave it alone. ValueError (TypeError,
+        LookupError) refuses it as the client's fault; check ids against the vocabulary here."""
 
     @abstractmethod
     def apply(self, logits: torch.Tensor, rows: Sequence[Row[S]]) -> None:
         """Modify logits [len(rows), vocab] in place; rows[i] is the request of row i.
 
         A state is the request's own and lives as long as it does: mutate it to keep count.
-        An exception fails the requests of these rows, not the engine.
+        An exception fails the requests of these rows (a 500), not the engine.
         """

@@ -27,6 +27,7 @@ from trtllm_gateway.config.disagg import EncodeSiblings
 from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.config.trtllm import TrtllmConfig
 from trtllm_gateway.engine.disagg.embed_tensors import (
+    check_finite,
     embeds_frame,
     frame_tensor,
     pixel_frames,
@@ -137,7 +138,7 @@ class RemoteEmbeddings:
             self._layout = embeds_layout(self._model_dir)
         frames = await asyncio.to_thread(pixel_frames, images)
         hashes = [img.hash for img in images]
-        got = await self.remote.encode(frames, hashes, self._layout, trace)
+        got = await self.remote.encode(frames, hashes, self._layout, trace, check_finite)
         return None if got is None else [frame_tensor(f) for f in got]
 
     async def aclose(self) -> None:

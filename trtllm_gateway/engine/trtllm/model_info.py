@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from trtllm_gateway.engine.image_resize import resize_edge
 from trtllm_gateway.engine.protocol import EngineInfo, Mode
 
 logger = logging.getLogger(__name__)
@@ -41,12 +42,14 @@ def read_engine_info(
     model_len = getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_LEN
     if max_seq_len is not None:
         model_len = min(int(model_len), max_seq_len) if model_len else max_seq_len
+    images = getattr(config, "vision_config", None) is not None
     return EngineInfo(
         model_id=served_name or _model_id(model),
         max_model_len=int(model_len),
         vocab_size=vocab,
         eos_token_ids=tuple(dict.fromkeys(eos_ids)),
-        supports_images=getattr(config, "vision_config", None) is not None,
+        supports_images=images,
+        image_resize_edge=resize_edge(model) if images else 0,
         mode=mode,
         engine="trtllm",
         kv_layout=_kv_layout(model, kv_cache or {}),

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from trtllm_gateway.engine.disagg.embed_tensors import check_layout, frame_tensor
+from trtllm_gateway.engine.disagg.embed_tensors import check_layout, finite_tensor
 from trtllm_gateway.engine.disagg.embed_wire import Frame
 from trtllm_gateway.engine.protocol import GenerateRequest, ImageInput, InvalidRequestError
 
@@ -79,7 +79,7 @@ async def image_inputs(
             )
         for frame in given:
             check_layout(frame, layout)
-        return _embedded(inputs, [frame_tensor(f) for f in given])
+        return _embedded(inputs, [finite_tensor(f) for f in given])
     if remote is None or not takes_embeddings(layout):
         return inputs
     tensors = await remote.embed(req.images, req.trace_headers)

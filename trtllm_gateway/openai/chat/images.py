@@ -43,6 +43,7 @@ async def load_images(
         cache=state.media_cache,
         metrics=state.metrics.media,
         pixels=pixels,
+        resize_edge=info.image_resize_edge,
     )
 
 

@@ -17,8 +17,10 @@ from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage, expand_prompt
 from trtllm_gateway.engine.disagg.embed_tensors import (
+    check_finite,
     check_layout,
     embeds_frame,
+    finite_tensor,
     frame_tensor,
     pixel_frames,
     request_images,
@@ -93,7 +95,7 @@ class ImageEmbedder:
         frame = img.payload
         assert isinstance(frame, Frame)
         check_layout(frame, self.layout)
-        return frame_tensor(frame).to(self.encoder.device, self.encoder.dtype)
+        return finite_tensor(frame).to(self.encoder.device, self.encoder.dtype)
 
     def encode_local(self, images: Sequence[ImageInput]) -> list[torch.Tensor]:
         with self._lock:
@@ -104,7 +106,9 @@ class ImageEmbedder:
     ) -> list[torch.Tensor] | None:
         assert self.remote is not None
         frames = await asyncio.to_thread(pixel_frames, images)
-        got = await self.remote.encode(frames, [img.hash for img in images], self.layout, trace)
+        hashes = [img.hash for img in images]
+        # Shapes and dtypes are checked against our layout as the frames are decoded.
+        got = await self.remote.encode(frames, hashes, self.layout, trace, check_finite)
         if got is None:
             return None
         dev, dtype = self.encoder.device, self.encoder.dtype

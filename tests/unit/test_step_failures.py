@@ -1,0 +1,126 @@
+"""A forward pass that raises fails the requests of its step, not the engine (issue 40 item 1).
+
+On the plain (CPU) step and the overlap pipeline (CUDA's, run here on the CPU behind
+test_stepper's stand-ins): the step's requests end with a RequestFailedError (a 500), their blocks
+go back, nothing of the step reaches the prefix cache, and the next requests get the tokens they
+get on a fresh engine. An error that means the device is broken (CUDA OOM, an asynchronous CUDA
+error) still ends the core.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.unit.test_stepper import (
+    PROMPTS,
+    greedy,
+    outcome,
+    overlapped_stepper,
+    plain_stepper,
+    run_all,
+    seq_for,
+    tiny_model,
+)
+from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, StepOutput
+from trtllm_gateway.engine.builtin.step_failure import is_fatal
+from trtllm_gateway.engine.builtin.stepper import Stepper
+from trtllm_gateway.engine.protocol import RequestFailedError, TokenEvent
+
+
+class FailOnce:
+    """Wraps a runner: the first step that computes request `bad` raises `error`."""
+
+    def __init__(self, inner: Any, error: BaseException, bad: str = "bad") -> None:
+        self.inner = inner
+        self.error = error
+        self.bad = bad
+        self.raised = 0
+        self.overlap = getattr(inner, "overlap", False)
+        self.kv_caches = inner.kv_caches
+
+    def run(self, chunks: list[ScheduledChunk], prev: torch.Tensor | None = None) -> StepOutput:
+        if not self.raised and any(c.seq.request_id == self.bad for c in chunks):
+            self.raised += 1
+            raise self.error
+        return self.inner.run(chunks, prev) if prev is not None else self.inner.run(chunks)
+
+
+def stepper(tmp_path: Path, overlap: bool, error: BaseException) -> Stepper:
+    lm = tiny_model(tmp_path, enable_prefix_caching=True)
+    if overlap:
+        st, runner = overlapped_stepper(lm)
+        assert st.pipeline is not None
+        st.pipeline.runner = FailOnce(runner, error)
+    else:
+        st = plain_stepper(lm)
+        st.runner = FailOnce(st.runner, error)  # type: ignore[assignment]
+    return st
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_forward_failure_fails_its_step_and_the_engine_goes_on(
+    tmp_path: Path, overlap: bool
+) -> None:
+    fresh = plain_stepper(tiny_model(tmp_path))
+    want = outcome(run_all(fresh, [seq_for("v", PROMPTS[2], greedy(9))]))
+    st = stepper(tmp_path, overlap, RuntimeError("The expanded size of the tensor (64) must match"))
+    # A request already decoding when the bad one arrives: it shares the failing step.
+    early = seq_for("early", PROMPTS[1], greedy(30))
+    st.add(early)
+    for _ in range(3):
+        st.step()
+    bad = seq_for("bad", PROMPTS[3], greedy(8))
+    st.add(bad)
+    failed: dict[str, BaseException] = {}
+    for _ in range(4):
+        for request_id, ev in st.step():
+            if not isinstance(ev, TokenEvent):
+                failed[request_id] = ev
+    assert set(failed) == {"early", "bad"}, failed
+    for err in failed.values():
+        assert isinstance(err, RequestFailedError) and "expanded size" in str(err)
+    assert not st.seqs and not st.scheduler.has_work()
+    blocks = st.scheduler.blocks
+    assert blocks.num_free == blocks.num_blocks  # every block of the failed step went back
+    # The core lives on: a later request gets what it gets on a fresh engine, and the failed
+    # prompt's blocks were never registered in the prefix cache (their KV was never committed).
+    assert st.scheduler.cached_prefix_tokens(list(PROMPTS[3])) == 0
+    assert outcome(run_all(st, [seq_for("v", PROMPTS[2], greedy(9))])) == want
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+        MemoryError(),
+    ],
+    ids=["cuda-oom", "cuda-error", "host-oom"],
+)
+def test_an_error_that_means_the_device_is_broken_still_ends_the_core(
+    tmp_path: Path, overlap: bool, error: BaseException
+) -> None:
+    assert is_fatal(error)
+    st = stepper(tmp_path, overlap, error)
+    st.add(seq_for("bad", PROMPTS[0], greedy(4)))
+
+    def steps() -> None:
+        for _ in range(3):
+            st.step()
+
+    with pytest.raises(type(error)):
+        steps()
+
+
+def test_what_is_fatal() -> None:
+    assert not is_fatal(RuntimeError("The expanded size of the tensor (64) must match (7)"))
+    assert not is_fatal(IndexError("index 99999 is out of bounds"))
+    assert not is_fatal(ValueError("bad shape"))
+    accelerator = getattr(torch, "AcceleratorError", None)
+    if accelerator is not None:
+        assert is_fatal(accelerator.__new__(accelerator))
