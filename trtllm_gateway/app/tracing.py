@@ -153,7 +153,7 @@ class Tracer:
                 self.url,
                 timeout_s,
             )
-            self._exporter.shutdown()
+            self._exporter.shutdown()  # type: ignore[no-untyped-call]
 
 
 class TracingMiddleware:
