@@ -16,7 +16,12 @@ from tests.conftest import MODEL
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import GenerateRequest, TokenEvent
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.openai.validation import MAX_CHOICES, MAX_DEPTH
+from trtllm_gateway.openai.validation import (
+    MAX_CHOICES,
+    MAX_DEPTH,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+)
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"
@@ -222,3 +227,17 @@ async def test_too_many_choices(
     error = assert_400(await client.post(CMPL, json=cmpl(prompt=prompt, n=n)), "prompt")
     assert str(MAX_CHOICES) in error["message"]
     assert seen == []
+
+
+@pytest.mark.parametrize("url", [CHAT, CMPL])
+async def test_stop_strings_are_bounded(client: httpx.AsyncClient, url: str) -> None:
+    """Issue 40, item 4: 12,000 stop strings are a 400, not a stalled event loop; as many as
+    the bound (and as many characters) are served."""
+    body = chat if url == CHAT else cmpl
+    many = [f"{i:04d}" for i in range(12000)]
+    error = assert_400(await client.post(url, json=body(stop=many)), "stop")
+    assert str(MAX_STOP_STRINGS) in error["message"]
+    long = ["x" * (MAX_STOP_CHARS // 2 + 1)] * 2
+    assert_400(await client.post(url, json=body(stop=long)), "stop")
+    at_bound = [f"q{i:03d}" for i in range(MAX_STOP_STRINGS)]
+    assert (await client.post(url, json=body(stop=at_bound, max_tokens=2))).status_code == 200

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
 from trtllm_gateway.config.settings import Settings
+from trtllm_gateway.engine.disagg import kv_follow
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
 from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
@@ -214,3 +216,33 @@ async def test_prefill_pools_pick_the_group_by_prompt_length() -> None:
 def test_settings_refuse_bad_pools() -> None:
     with pytest.raises(ValidationError, match="not in --prefill-url"):
         Settings(prefill_url=["http://a"], prefill_pools="0-10=http://b")
+
+
+async def test_an_endless_line_is_dropped_not_buffered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40, item 6: a sibling's line without end is cut at MAX_LINE_BYTES (httpx's
+    aiter_lines kept buffering it); the stream is opened again."""
+    monkeypatch.setattr(kv_follow, "MAX_LINE_BYTES", 1 << 20)
+    sent: list[int] = []
+    opened: list[int] = []
+
+    async def endless() -> AsyncIterator[bytes]:
+        yield b'{"type": "Hello", "instance": "one"}\n'
+        for _ in range(64):  # 64 MiB of one line, if nobody stops reading
+            sent.append(1)
+            yield b"x" * (1 << 20)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        opened.append(1)
+        return httpx.Response(200, content=endless())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        follower = KvFollower("http://p", PrefixIndex(), client, {}, retry=0.05)
+        follower.start()
+        for _ in range(200):
+            if len(opened) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        await follower.stop()
+    assert follower.instance == "one"
+    assert len(opened) >= 2  # dropped and opened again
+    assert len(sent) <= 3 * len(opened), (len(sent), len(opened))

@@ -4,7 +4,6 @@ event-stream response."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -44,12 +43,22 @@ def error_frame(error: Mapping[str, Any]) -> bytes:
     return frame({"error": dict(error)})
 
 
+class StalledClientError(Exception):
+    """The client took no bytes for the write timeout: the stream is ended as if it had left."""
+
+
 class EventStreamResponse(Response):
     """text/event-stream over an async generator of frames, closed deterministically.
 
     The frames generator is closed (aclosing) however the response ends, and the send loop runs
     under a watcher of the receive channel, so a client that leaves while the engine is quiet still
     aborts the engine request at once rather than at the next write.
+
+    A client that stays connected but stops reading is ended too: once the socket's buffers are
+    full, uvicorn's send() waits for them to drain (its flow control), and a send that waits
+    longer than `write_timeout_s` ends the stream the same way (engine aborted, slots released).
+    Before this bound one raw socket with n=8 that never read held 8 admission slots for as long
+    as it stayed open, the engine long idle (issue 40, item 3).
     """
 
     media_type = "text/event-stream"
@@ -60,6 +69,7 @@ class EventStreamResponse(Response):
         headers: Mapping[str, str] | None = None,
         on_disconnect: Callable[[], None] | None = None,
         keepalive_s: float = 0.0,
+        write_timeout_s: float = 0.0,
     ) -> None:
         super().__init__(content=None, headers={**SSE_HEADERS, **(headers or {})})
         # Response would declare the empty body's content-length: 0; a stream has none.
@@ -67,6 +77,7 @@ class EventStreamResponse(Response):
         self._frames = frames
         self._on_disconnect = on_disconnect
         self._keepalive_s = keepalive_s
+        self._write_timeout_s = write_timeout_s or None  # 0: no bound
         self._on_close: list[Callable[[], None]] = []
 
     def on_close(self, callback: Callable[[], None]) -> None:
@@ -80,7 +91,11 @@ class EventStreamResponse(Response):
         async def send_body(chunk: bytes, more: bool = True) -> None:
             nonlocal last_sent
             async with lock:
-                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+                try:
+                    async with asyncio.timeout(self._write_timeout_s):
+                        await send({"type": "http.response.body", "body": chunk, "more_body": more})
+                except TimeoutError:
+                    raise StalledClientError from None
             last_sent = time.monotonic()
 
         async def keepalive(interval: float) -> None:
@@ -92,29 +107,34 @@ class EventStreamResponse(Response):
 
         async def stream() -> None:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            ticker = None
-            if self._keepalive_s > 0:
-                ticker = asyncio.create_task(keepalive(self._keepalive_s), name="sse-keepalive")
-            try:
+            # A keep-alive that stalls ends the stream too: the group cancels the frame loop.
+            async with asyncio.TaskGroup() as group:
+                ticker = None
+                if self._keepalive_s > 0:
+                    ticker = group.create_task(keepalive(self._keepalive_s), name="sse-keepalive")
                 async for chunk in frames:
                     await send_body(chunk)
-            finally:
                 if ticker is not None:
                     ticker.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await ticker
             await send_body(b"", more=False)
 
         try:
             async with aclosing(self._frames) as frames:
                 await cancel_on_disconnect(receive, stream())
-        except (ClientDisconnect, OSError):
+        except* StalledClientError:
+            # Returning with the response unfinished makes uvicorn close the connection.
+            logger.warning("client read nothing for %ss; stream ended", self._write_timeout_s)
+            self._disconnected()
+        except* (ClientDisconnect, OSError):
             logger.info("client disconnected mid-stream")
-            ctx = request_context.current()
-            if ctx is not None:
-                ctx.disconnected = True
-            if self._on_disconnect is not None:
-                self._on_disconnect()
+            self._disconnected()
         finally:
             for callback in self._on_close:
                 callback()
+
+    def _disconnected(self) -> None:
+        ctx = request_context.current()
+        if ctx is not None:
+            ctx.disconnected = True
+        if self._on_disconnect is not None:
+            self._on_disconnect()

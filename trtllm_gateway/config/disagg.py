@@ -25,7 +25,10 @@ class DisaggConfig(BaseModel):
         False, description="Fail with 503 instead of prefilling locally when siblings fail."
     )
     remote_prefill_timeout: float = Field(
-        60.0, gt=0.0, description="Seconds for a sibling's context phase and KV pull."
+        60.0,
+        gt=0.0,
+        description="Seconds for each call to a prefill sibling (its context phase, then the KV "
+        "pull), the whole exchange: a sibling that never finishes answering is a failure.",
     )
     sibling_backoff: float = Field(
         5.0, gt=0.0, description="Seconds a failed sibling is skipped before a /health recheck."

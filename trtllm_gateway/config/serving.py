@@ -43,3 +43,10 @@ class ServingConfig(BaseModel):
         ge=0.0,
         description="Seconds of stream silence before a ': keep-alive' comment (0: off).",
     )
+    sse_write_timeout: float = Field(
+        30.0,
+        ge=0.0,
+        description="Seconds a stream may wait for its client to take bytes (its socket full) "
+        "before it is ended, its engine requests aborted and its admission slots freed (0: no "
+        "bound).",
+    )

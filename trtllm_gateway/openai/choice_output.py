@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from trtllm_gateway.engine.protocol import FinishReason, TokenEvent, TokenLogprob, Usage
 from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.openai.stop_strings import ROOT, compile_stops
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,9 @@ class ChoiceOutput:
         # (the final stop token itself is still left out, as vLLM does).
         self._detok = tokenizer.detokenizer(prompt_token_ids, not keep_special_tokens)
         self._keep_special = keep_special_tokens
-        self._stop = tuple(s for s in stop if s)
+        self._stops = compile_stops(tuple(stop))
+        self._state = ROOT  # the stop automaton's, after every character of _text
+        self._scanned = 0
         self._include_stop = include_stop_str_in_output
         self._stop_token_ids = frozenset(stop_token_ids)
         self._text = ""
@@ -104,16 +107,18 @@ class ChoiceOutput:
         )
 
     def _apply_stop_strings(self) -> int | None:
-        """If a stop string appeared, finish and return where the visible text ends."""
-        best: tuple[int, str] | None = None
-        for stop in self._stop:
-            # Held-back text guarantees a match cannot start before what was emitted.
-            idx = self._text.find(stop, self._emitted)
-            if idx >= 0 and (best is None or idx < best[0]):
-                best = (idx, stop)
-        if best is None:
+        """If a stop string appeared, finish and return where the visible text ends.
+
+        Only the new text is scanned: a stop that started earlier is still a suffix of the
+        automaton's state, and held-back text guarantees no match starts before what was
+        emitted."""
+        if not self._stops:
             return None
-        idx, stop = best
+        self._state, match = self._stops.scan(self._text, self._scanned, self._state)
+        self._scanned = len(self._text)
+        if match is None:
+            return None
+        idx, stop = match.start, match.stop
         end = idx + len(stop) if self._include_stop else idx
         self._text = self._text[: idx + len(stop)]
         self.finish_reason = "stop"
@@ -122,11 +127,6 @@ class ChoiceOutput:
 
     def _held_back(self) -> int:
         """Length of the longest unemitted suffix that is a proper prefix of a stop string."""
-        pending = len(self._text) - self._emitted
-        held = 0
-        for stop in self._stop:
-            for k in range(min(len(stop) - 1, pending), held, -1):
-                if self._text.endswith(stop[:k]):
-                    held = k
-                    break
-        return held
+        if not self._stops:
+            return 0
+        return min(self._stops.held(self._state), len(self._text) - self._emitted)

@@ -26,6 +26,7 @@ def check_common(body: SamplingFields, serving: Serving) -> None:
     # First: later errors may quote a field (a model name); text far past the context is
     # refused here, before the chat template or the tokenizer spends seconds on it.
     max_chars = serving.info.max_model_len * validation.MAX_CHARS_PER_TOKEN or None
+    validation.check_stop_strings(body.stop_strings)  # quotes none: before the text bound
     validation.check_values(body, max_chars)
     if body.model not in (None, serving.model_name, *serving.info.lora_names):
         raise ModelNotFoundError(f"The model `{body.model}` does not exist.", param="model")

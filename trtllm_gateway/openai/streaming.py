@@ -36,6 +36,7 @@ async def respond(run: Run, items: AsyncGenerator[Item, None], renderer: Rendere
         headers=headers,
         on_disconnect=run.serving.metrics.client_disconnected,
         keepalive_s=keepalive_s,
+        write_timeout_s=run.serving.config.sse_write_timeout,
     )
 
 

@@ -3,7 +3,9 @@
 One task per sibling. It resumes after the last event id it applied; a Hello from another
 instance (the sibling restarted) or a Resync (it dropped events we had not read) empties the
 index first. A sibling without events (404) is asked again only after a long pause; a broken
-connection is retried after `retry` seconds.
+connection is retried after `retry` seconds. A stream that sends nothing (not even its
+heartbeat) for SILENCE_S, or a line longer than MAX_LINE_BYTES, is dropped and opened again: a
+sibling holds the internal key, yet one endless line grew the follower without bound.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 import httpx
 
@@ -20,6 +23,10 @@ from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
 logger = logging.getLogger(__name__)
 
 NO_EVENTS_RETRY_S = 60.0
+# The stream's heartbeat comes every 5 s (internal_api/kv_events.py's default).
+SILENCE_S = 30.0
+# A BlockStored line carries its blocks' token ids: a 128k-token prompt is about 1 MB.
+MAX_LINE_BYTES = 16 << 20
 
 
 class KvFollower:
@@ -63,7 +70,7 @@ class KvFollower:
         # The index matches prompts by their tokens; only a holder of the internal key gets them.
         params = {"after": str(self.last_id), "token_ids": "true"}
         url = f"{self.url}{wire.KV_EVENTS_PATH}"
-        timeout = httpx.Timeout(30.0, read=None)
+        timeout = httpx.Timeout(30.0, read=SILENCE_S)
         async with self._client.stream(
             "GET", url, params=params, headers=self._headers, timeout=timeout
         ) as res:
@@ -71,7 +78,7 @@ class KvFollower:
                 return NO_EVENTS_RETRY_S  # an engine without events (or a gateway without them)
             if res.status_code != 200:
                 raise httpx.HTTPStatusError(f"{res.status_code}", request=res.request, response=res)
-            async for line in res.aiter_lines():
+            async for line in _lines(res):
                 if line and self._line(wire.decode_line(line)):
                     return 0.0  # read the new instance from its first event
         return self._retry
@@ -95,3 +102,21 @@ class KvFollower:
             if line.event_id is not None:
                 self.last_id = line.event_id
         return False
+
+
+async def _lines(res: httpx.Response) -> AsyncIterator[bytes]:
+    """The stream's lines; ValueError for one past MAX_LINE_BYTES (httpx's aiter_lines buffers
+    a line of any length)."""
+    pending = bytearray()
+    async for chunk in res.aiter_bytes():
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending += chunk[start:end]
+            yield bytes(pending)
+            pending.clear()
+            start = end + 1
+        pending += chunk[start:]
+        if len(pending) > MAX_LINE_BYTES:
+            raise ValueError(f"a KV events line longer than {MAX_LINE_BYTES} bytes")
+    if pending:
+        yield bytes(pending)

@@ -14,13 +14,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import httpx
 
 from trtllm_gateway.config.disagg import DisaggConfig
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
 from trtllm_gateway.engine.capabilities import EngineExtras, KvHandoff
+from trtllm_gateway.engine.disagg import kv_check, kv_wire
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
 from trtllm_gateway.engine.disagg.siblings import Sibling, SiblingPool, sibling_headers
@@ -45,6 +46,18 @@ class SiblingError(Exception):
 
 class SiblingBusyError(SiblingError):
     """A sibling answered 503 (full or draining): prefill locally, but it is not unhealthy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A sibling's answer, its body read whole (within the cap and the deadline)."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
 
 
 class SiblingMismatchError(Exception):
@@ -196,6 +209,10 @@ class RemotePrefillEngine:
             disagg = answer.generation_only(kv_payload=None)
         except wire.SiblingWireError as e:
             raise SiblingError(f"bad prefill response: {e}") from None
+        vocab = self.info.vocab_size
+        first = answer.first_token_ids
+        if not first or (vocab and not all(0 <= t < vocab for t in first)):
+            raise SiblingError(f"bad prefill response: first token ids {list(first)[:8]}")
         if isinstance(self.inner, KvHandoff):
             kv = await self._pull(sib, answer.disaggregated_params.ctx_request_id, req)
             disagg = replace(disagg, kv_payload=kv)
@@ -203,13 +220,22 @@ class RemotePrefillEngine:
         return disagg
 
     async def _pull(self, sib: Sibling, ctx_id: str, req: GenerateRequest) -> bytes:
+        """The held KV, at most the prompt's size in our layout, checked off the event loop."""
         t0 = time.perf_counter()
+        layout, tokens = self.info.kv_layout, len(req.prompt_token_ids)
+        cap = kv_check.max_blob_bytes(layout, tokens)
         try:
-            res = await self._call("GET", sib, wire.kv_path(ctx_id), None, req.trace_headers)
+            res = await self._call(
+                "GET", sib, wire.kv_path(ctx_id), None, req.trace_headers, max_bytes=cap
+            )
         except asyncio.CancelledError:
             await self._release(sib, ctx_id)
             raise
         blob = res.content
+        try:
+            await asyncio.to_thread(kv_check.check_blob, blob, layout, tokens)
+        except kv_wire.KvWireError as e:
+            raise SiblingError(f"bad KV: {e}") from None
         self.remote_prefill_stats.observe_transfer(len(blob), time.perf_counter() - t0)
         return blob
 
@@ -242,8 +268,10 @@ class RemotePrefillEngine:
     async def _healthy(self, sib: Sibling) -> bool:
         try:
             assert self._client is not None
-            return (await self._client.get(f"{sib.url}/health", timeout=2.0)).status_code == 200
-        except httpx.HTTPError:
+            async with asyncio.timeout(2.0):
+                res = await self._client.get(f"{sib.url}/health", timeout=2.0)
+            return res.status_code == 200
+        except (httpx.HTTPError, TimeoutError):
             return False
 
     async def _call(
@@ -253,18 +281,51 @@ class RemotePrefillEngine:
         path: str,
         content: bytes | None = None,
         trace: tuple[tuple[str, str], ...] = (),
-    ) -> httpx.Response:
-        """trace: the request's W3C trace context, so the sibling's span is a child of ours."""
+        max_bytes: int | None = None,
+    ) -> Answer:
+        """One exchange within --remote-prefill-timeout, its body read to at most max_bytes.
+
+        trace: the request's W3C trace context, so the sibling's span is a child of ours."""
         assert self._client is not None
         url = f"{sib.url}{path}"
         headers = {**dict(trace), **self._auth}
         if content is not None:
             headers["Content-Type"] = "application/json"
+        deadline = self.config.remote_prefill_timeout
         try:
-            res = await self._client.request(method, url, headers=headers, content=content)
+            async with asyncio.timeout(deadline):
+                res = await self._exchange(method, url, headers, content, max_bytes)
+        except TimeoutError:
+            raise SiblingError(f"{method} {path} took more than {deadline:g} s") from None
         except httpx.HTTPError as e:
             raise SiblingError(f"{type(e).__name__}: {e}") from None
         if res.status_code != 200:
             error = SiblingBusyError if res.status_code == 503 else SiblingError
             raise error(f"{method} {path} answered {res.status_code}: {res.text[:200]}")
         return res
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        content: bytes | None,
+        max_bytes: int | None,
+    ) -> Answer:
+        """The response, its body read whole; past max_bytes (declared or sent) a SiblingError
+        before more is buffered (a 1.5 GB body grew a decode instance by 3 GB, kept)."""
+        assert self._client is not None
+        request = self._client.build_request(method, url, headers=headers, content=content)
+        res = await self._client.send(request, stream=True)
+        try:
+            declared = res.headers.get("content-length", "")
+            if max_bytes is not None and declared.isdigit() and int(declared) > max_bytes:
+                raise SiblingError(f"{url} declares {declared} bytes, more than {max_bytes}")
+            body = bytearray()
+            async for chunk in res.aiter_bytes():
+                body += chunk
+                if max_bytes is not None and len(body) > max_bytes:
+                    raise SiblingError(f"{url} sent more than {max_bytes} bytes")
+        finally:
+            await res.aclose()
+        return Answer(res.status_code, bytes(body))
