@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.middleware.cors import CORSMiddleware
 
+from trtllm_gateway.anthropic.messages import router as messages
 from trtllm_gateway.app import health
 from trtllm_gateway.app.admission import Admission
 from trtllm_gateway.app.auth import ApiKeyMiddleware, InternalKeyMiddleware, load_api_keys
@@ -70,7 +71,8 @@ def create_app(
     app.state.drain = drain
     app.state.response_store = _response_store(config, shared)
     install_error_handlers(app, on_disconnect=metrics.client_disconnected)
-    for module in (chat, completions, responses, models, health, disagg, encode, kv_events):
+    routers = (chat, completions, responses, messages, models, health, disagg, encode, kv_events)
+    for module in routers:
         app.include_router(module.router)
     # add_middleware wraps: the last added runs first.
     internal = config.disagg.internal_api_key

@@ -99,6 +99,11 @@ def chat_messages(instructions: str | None, items: Sequence[InputItem]) -> list[
     if instructions:
         messages.append({"role": "system", "content": instructions})
     known = {item.id: item for item in items if getattr(item, "id", None)}
+    names = {  # call id -> tool name (templates name a tool's result)
+        item.call_id: item.name
+        for item in items
+        if isinstance(item, FunctionCallItem | CustomToolCallItem)
+    }
     for index, item in enumerate(items):
         if isinstance(item, ItemReference):
             found = known.get(item.id)
@@ -108,11 +113,13 @@ def chat_messages(instructions: str | None, items: Sequence[InputItem]) -> list[
                     param=f"input[{index}].id",
                 )
             item = found
-        _add(messages, item, index)
+        _add(messages, item, index, names)
     return messages
 
 
-def _add(messages: list[dict[str, Any]], item: InputItem, index: int) -> None:
+def _add(
+    messages: list[dict[str, Any]], item: InputItem, index: int, names: dict[str, str]
+) -> None:
     if isinstance(item, MessageItem):
         role = "system" if item.role == "developer" else item.role
         messages.append({"role": role, "content": _content(item.content, index)})
@@ -130,7 +137,10 @@ def _add(messages: list[dict[str, Any]], item: InputItem, index: int) -> None:
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
         output = item.output if isinstance(item.output, str) else _text(item.output)
-        messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        message = {"role": "tool", "tool_call_id": item.call_id, "content": output}
+        if item.call_id in names:
+            message["name"] = names[item.call_id]
+        messages.append(message)
     elif isinstance(item, ReasoningItem):
         return  # the model's own thinking is not fed back (chat templates drop it too)
 
