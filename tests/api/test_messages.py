@@ -18,6 +18,7 @@ import httpx2
 import pytest
 from fastapi import FastAPI
 
+from tests.api.ops_helpers import serve
 from tests.conftest import MAX_MODEL_LEN, MODEL, REPLY
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.fake import FakeEngine
@@ -247,3 +248,18 @@ async def test_failure_mid_stream_is_an_error_event(
     name, data = events[-1]
     assert name == "error" and data["type"] == "error"
     assert data["error"]["type"] == "api_error" and data["error"]["message"]
+
+
+async def test_x_api_key_and_bearer_and_anthropic_headers(
+    settings: Settings, fake_engine: FakeEngine
+) -> None:
+    body = {"model": MODEL, "max_tokens": 5, "messages": ASK}
+    beta = {"anthropic-version": "2023-06-01", "anthropic-beta": "tools-2024-04-04"}
+    async with serve(settings, fake_engine, api_key=["sk-ant"]) as (_, client):
+        for key in ({"x-api-key": "sk-ant"}, {"Authorization": "Bearer sk-ant"}):
+            r = await client.post(URL, json=body, headers={**key, **beta})
+            assert r.status_code == 200, r.text
+        r = await client.post(URL, json=body, headers={"x-api-key": "wrong", **beta})
+        assert r.status_code == 401
+        assert r.json()["type"] == "error"
+        assert r.json()["error"]["type"] == "authentication_error"
