@@ -15,7 +15,9 @@ import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from tests.api.ops_helpers import serve
 from tests.conftest import MAX_MODEL_LEN, MODEL, REPLY
+from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
@@ -273,3 +275,18 @@ async def test_failure_mid_stream_is_response_failed(
     assert name == "response.failed" and data["response"]["status"] == "failed"
     assert data["response"]["error"]["code"] == "engine_dead"
     assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+
+
+async def test_an_evicted_response_is_a_clear_404(
+    settings: Settings, fake_engine: FakeEngine
+) -> None:
+    async with serve(settings, fake_engine, response_store_max_count=1) as (_, client):
+        first = (await client.post(URL, json={"model": MODEL, "input": "one"})).json()
+        await client.post(URL, json={"model": MODEL, "input": "two"})  # evicts the first
+        r = await client.post(
+            URL, json={"model": MODEL, "input": "three", "previous_response_id": first["id"]}
+        )
+        assert r.status_code == 404
+        error = r.json()["error"]
+        assert error["code"] == "response_not_found" and error["param"] == "previous_response_id"
+        assert "evicted" in error["message"] and "1 most recently used" in error["message"]
