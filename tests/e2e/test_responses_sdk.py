@@ -155,3 +155,40 @@ def wait_logged(srv: Server, rids: list[str]) -> dict[str, int]:
             return found
         time.sleep(0.1)
     raise AssertionError(f"not logged: {rids}")
+
+
+def test_openai_agents_responses_model_runs_a_tool_round_trip(server: Server) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)  # no trace export to OpenAI
+    calls: list[str] = []
+
+    @function_tool
+    def weather(city: str) -> str:
+        """Current weather in a city."""
+        calls.append(city)
+        return f"18C and sunny in {city}"
+
+    sdk = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    agent = Agent(
+        name="forecaster",
+        instructions="Answer weather questions with the tool, then answer in one sentence.",
+        model=OpenAIResponsesModel(model=MODEL, openai_client=sdk),
+        tools=[weather],
+        # The first turn must call the tool (forced by grammar); after the tool's output the
+        # agent resets tool_choice (reset_tool_choice) and the model answers in text.
+        model_settings=ModelSettings(tool_choice="weather", temperature=0, max_tokens=60),
+    )
+    result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
+    assert len(calls) == 1
+    assert isinstance(result.final_output, str) and result.final_output
+    kinds = [item.type for item in result.new_items]
+    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"], kinds
+    assert kinds[-1] == "message_output_item"
