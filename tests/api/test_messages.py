@@ -263,3 +263,24 @@ async def test_x_api_key_and_bearer_and_anthropic_headers(
         assert r.status_code == 401
         assert r.json()["type"] == "error"
         assert r.json()["error"]["type"] == "authentication_error"
+
+
+async def test_only_leading_system_turns_are_hoisted(
+    client: httpx.AsyncClient, fake_engine: FakeEngine, tokenizer: Tokenizer
+) -> None:
+    # Claude Code sends `role: "system"` turns inside messages (its reminders).
+    messages = [
+        {"role": "system", "content": "LEADING"},
+        {"role": "user", "content": [{"type": "text", "text": "QUESTION"}]},
+        {"role": "system", "content": [{"type": "text", "text": "REMINDER"}]},
+    ]
+    body = {"model": MODEL, "max_tokens": 5, "system": "SYSTEM", "messages": messages}
+    r = await client.post(URL, json=body)
+    assert r.status_code == 200, r.text
+    prompt = tokenizer.decode(fake_engine.requests[0].prompt_token_ids, skip_special_tokens=False)
+    # One system message, first: the system param, then the leading turn.
+    assert prompt.count("<|im_start|>system") == 1
+    assert prompt.index("SYSTEM") < prompt.index("LEADING") < prompt.index("QUESTION")
+    # The later system turn joins the user turn before it (no system message mid-conversation).
+    user = prompt[prompt.index("<|im_start|>user") :]
+    assert user.index("QUESTION") < user.index("REMINDER") < user.index("<|im_end|>")

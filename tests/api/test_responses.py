@@ -290,3 +290,52 @@ async def test_an_evicted_response_is_a_clear_404(
         error = r.json()["error"]
         assert error["code"] == "response_not_found" and error["param"] == "previous_response_id"
         assert "evicted" in error["message"] and "1 most recently used" in error["message"]
+
+
+async def test_codex_shaped_request(
+    client: httpx.AsyncClient, fake_engine: FakeEngine, tokenizer: Tokenizer
+) -> None:
+    """Codex's request (codex-cli 0.171, captured): developer messages first, a namespace of
+    tools, a hosted web_search tool, include reasoning.encrypted_content, store false."""
+    script(fake_engine, tokenizer, '{"name": "close_agent", "parameters": {"id": "a1"}}')
+    member = {
+        "type": "function",
+        "name": "close_agent",
+        "description": "Close an agent.",
+        "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
+        "strict": False,
+    }
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "reasoning": {"summary": "auto"},
+        "tool_choice": "required",
+        "tools": [
+            {**WEATHER, "strict": False},
+            {"type": "namespace", "name": "multi_agent_v1", "tools": [member]},
+            {"type": "web_search", "external_web_access": False},
+        ],
+        "input": [
+            {"type": "message", "role": "developer", "content": [
+                {"type": "input_text", "text": "DEVELOPER-ONE"}]},
+            {"type": "message", "role": "developer", "content": [
+                {"type": "input_text", "text": "DEVELOPER-TWO"}]},
+            {"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "QUESTION"}]},
+            {"type": "message", "role": "developer", "content": "LATER"},
+        ],
+        "prompt_cache_key": "k",
+        "client_metadata": {"turn_id": "t"},
+    }  # fmt: skip
+    r = await client.post(URL, json=body)
+    assert r.status_code == 200, r.text
+    final = sse_events(r.text)[-1][1]["response"]
+    (call,) = final["output"]
+    assert call["name"] == "close_agent" and call["namespace"] == "multi_agent_v1"
+    prompt = tokenizer.decode(fake_engine.requests[0].prompt_token_ids, skip_special_tokens=False)
+    assert prompt.count("<|im_start|>system") == 1
+    assert prompt.index("DEVELOPER-ONE") < prompt.index("DEVELOPER-TWO") < prompt.index("QUESTION")
+    user = prompt[prompt.index("<|im_start|>user") :]
+    assert user.index("QUESTION") < user.index("LATER") < user.index("<|im_end|>")

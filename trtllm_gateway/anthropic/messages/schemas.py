@@ -64,7 +64,8 @@ Block = Annotated[
 
 
 class InputMessage(_Loose):
-    role: Literal["user", "assistant"]
+    # "system" turns are Claude Code's (its reminders mid-conversation); see translate.py.
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 

@@ -79,21 +79,45 @@ def _tool_choice(body: CountTokensRequest) -> dict[str, Any]:
 
 
 def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    system = body.system
-    if isinstance(system, list):
-        system = "\n\n".join(b.text for b in system)
-    if system:
-        messages.append({"role": "system", "content": system})
+    """`system` and the leading system turns become the one leading system message; a system
+    turn later on is a user turn (merged into the user turn before it), since many chat
+    templates refuse a system message anywhere but first, or drop it."""
     if not body.messages:
         raise BadRequestError("messages must not be empty.", param="messages")
+    system = body.system
+    texts = [system] if isinstance(system, str) else [b.text for b in system or ()]
+    turns = list(body.messages)
+    while turns and turns[0].role == "system":
+        texts.append(_text(turns.pop(0).content))
+    offset = len(body.messages) - len(turns)
+    messages: list[dict[str, Any]] = []
+    if any(texts):
+        messages.append({"role": "system", "content": "\n\n".join(t for t in texts if t)})
     names: dict[str, str] = {}  # tool_use id -> tool name (templates name a tool's result)
-    for index, message in enumerate(body.messages):
+    for index, message in enumerate(turns, offset):
         if message.role == "assistant":
             messages.append(_assistant(message, names))
+        elif message.role == "system":
+            _merge_user(messages, _text(message.content))
         else:
             messages.extend(_user(message, index, names))
     return messages
+
+
+def _text(content: str | list[Any]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.text for b in content if isinstance(b, TextBlock))
+
+
+def _merge_user(messages: list[dict[str, Any]], text: str) -> None:
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "user" and isinstance(last["content"], str):
+        last["content"] += "\n\n" + text
+    elif last is not None and last["role"] == "user":
+        last["content"].append({"type": "text", "text": text})
+    else:
+        messages.append({"role": "user", "content": text})
 
 
 def _assistant(message: InputMessage, names: dict[str, str]) -> dict[str, Any]:

@@ -67,6 +67,7 @@ class _Building:
     text: str = ""
     call_id: str = ""
     name: str = ""
+    namespace: str | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
 
@@ -80,11 +81,13 @@ class _Building:
             ids = {"id": self.id, "call_id": self.call_id, "name": self.name}
             return CustomToolCall(**ids, input=custom_input(self.text), status=status)
         ids = {"id": self.id, "call_id": self.call_id, "name": self.name}
-        return FunctionCall(**ids, arguments=self.text, status=status)
+        return FunctionCall(**ids, arguments=self.text, status=status, namespace=self.namespace)
 
     def started(self) -> dict[str, Any]:
         """The item as output_item.added shows it: empty, in progress."""
-        shown = _Building(self.kind, self.id, self.output_index, "", self.call_id, self.name)
+        shown = _Building(
+            self.kind, self.id, self.output_index, "", self.call_id, self.name, self.namespace
+        )
         item = shown.model("in_progress").model_dump(mode="json")
         if self.kind == "message":
             item["content"] = []
@@ -114,6 +117,7 @@ class ResponsesRenderer:
         prompt_tokens: int,
         custom_tools: frozenset[str] = frozenset(),
         top_logprobs: int | None = None,
+        namespaces: dict[str, str] | None = None,
     ) -> None:
         self.skeleton = skeleton
         self.tokenizer = tokenizer
@@ -122,6 +126,7 @@ class ResponsesRenderer:
         self.reply = ChoiceReply(plan.create(), plan.forced_tool is not None)
         self.custom_tools = custom_tools
         self.top_logprobs = top_logprobs  # None: no logprobs asked
+        self.namespaces = namespaces or {}
         self.items: list[_Building] = []
         self.calls: dict[int, _Building] = {}  # the parser's call index -> its item
         self.sequence = 0
@@ -166,6 +171,7 @@ class ResponsesRenderer:
                 prefix = "ctc" if kind == "custom_tool_call" else "fc"
                 item = self._open(kind, prefix, out, call_id=call.id or new_item_id("call"))
                 item.name = name
+                item.namespace = self.namespaces.get(name)
                 self.calls[call.index] = item
                 out.append(self._event("response.output_item.added", **self._added(item)))
             item = self.calls[call.index]

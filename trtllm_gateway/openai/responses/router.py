@@ -32,6 +32,7 @@ from trtllm_gateway.openai.responses.translate import (
     input_items,
     load_items,
     to_chat,
+    tool_namespaces,
 )
 from trtllm_gateway.openai.run import Run, admitted
 
@@ -86,6 +87,7 @@ async def _create(
         parsed.prompt_tokens,
         custom_tool_names(body),
         top_logprobs=(body.top_logprobs or 0) if logprobs else None,
+        namespaces=tool_namespaces(body),
     )
 
     async def store_it() -> None:

@@ -108,7 +108,20 @@ class CustomTool(_Loose):
     format: dict[str, Any] | None = None
 
 
-Tool = Annotated[FunctionTool | CustomTool, Field(discriminator="type")]
+class NamespaceTool(_Loose):
+    """Codex's group of tools: served flat; a call of one names its namespace."""
+
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]]
+
+
+Tool = Annotated[FunctionTool | CustomTool | NamespaceTool, Field(discriminator="type")]
+# Tools that run on OpenAI's side (web_search, file_search, code_interpreter, ...): nothing here
+# runs them, so they are left out of the prompt rather than refused (refusing them broke Codex
+# on llama.cpp's server).
+SERVED_TOOL_TYPES = ("function", "custom", "namespace")
 
 
 class NamedToolChoice(_Loose):
@@ -155,6 +168,15 @@ class ResponsesRequest(_Loose):
     metadata: dict[str, str] | None = None
     user: str | None = None
 
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _served_tools(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [
+                t for t in value if not isinstance(t, dict) or t.get("type") in SERVED_TOOL_TYPES
+            ]
+        return value
+
     @field_validator("input", mode="before")
     @classmethod
     def _easy_messages(cls, value: Any) -> Any:
@@ -192,6 +214,7 @@ class FunctionCall(BaseModel):
     name: str
     arguments: str
     status: str
+    namespace: str | None = None  # the namespace tool it belongs to
 
 
 class CustomToolCall(BaseModel):

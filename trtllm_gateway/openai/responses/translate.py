@@ -23,6 +23,7 @@ from trtllm_gateway.openai.responses.schemas import (
     ItemReference,
     MessageItem,
     NamedToolChoice,
+    NamespaceTool,
     ReasoningItem,
     ResponsesRequest,
 )
@@ -52,8 +53,26 @@ def load_items(stored: Sequence[dict[str, Any]]) -> list[InputItem]:
     return ITEMS.validate_python(stored)
 
 
+def flat_tools(body: ResponsesRequest) -> list[FunctionTool | CustomTool]:
+    """The tools, a namespace's members in its place."""
+    out: list[FunctionTool | CustomTool] = []
+    for tool in body.tools or ():
+        out.extend(tool.tools if isinstance(tool, NamespaceTool) else (tool,))
+    return out
+
+
 def custom_tool_names(body: ResponsesRequest) -> frozenset[str]:
-    return frozenset(t.name for t in body.tools or () if isinstance(t, CustomTool))
+    return frozenset(t.name for t in flat_tools(body) if isinstance(t, CustomTool))
+
+
+def tool_namespaces(body: ResponsesRequest) -> dict[str, str]:
+    """A namespace member's name -> its namespace (its calls name it)."""
+    return {
+        member.name: tool.name
+        for tool in body.tools or ()
+        if isinstance(tool, NamespaceTool)
+        for member in tool.tools
+    }
 
 
 def to_chat(body: ResponsesRequest, items: Sequence[InputItem]) -> ChatCompletionRequest:
@@ -74,8 +93,9 @@ def to_chat(body: ResponsesRequest, items: Sequence[InputItem]) -> ChatCompletio
         parallel_tool_calls=body.parallel_tool_calls,
         user=body.user,
     )
-    if body.tools:
-        fields["tools"] = [_chat_tool(t) for t in body.tools]
+    tools = flat_tools(body)
+    if tools:
+        fields["tools"] = [_chat_tool(t) for t in tools]
     if body.tool_choice is not None:
         choice = body.tool_choice
         if isinstance(choice, NamedToolChoice):
@@ -95,16 +115,28 @@ def to_chat(body: ResponsesRequest, items: Sequence[InputItem]) -> ChatCompletio
 
 
 def chat_messages(instructions: str | None, items: Sequence[InputItem]) -> list[dict[str, Any]]:
+    """instructions and the leading system / developer messages become one leading system
+    message; one later on joins the user turn before it (Codex sends developer messages first,
+    and many chat templates refuse a system message anywhere but first)."""
+    texts = [instructions] if instructions else []
+    start = 0
+    while start < len(items):
+        item = items[start]
+        if not (isinstance(item, MessageItem) and item.role in ("system", "developer")):
+            break
+        texts.append(_text_of(item.content))
+        start += 1
     messages: list[dict[str, Any]] = []
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
+    if any(texts):
+        messages.append({"role": "system", "content": "\n\n".join(t for t in texts if t)})
     known = {item.id: item for item in items if getattr(item, "id", None)}
     names = {  # call id -> tool name (templates name a tool's result)
         item.call_id: item.name
         for item in items
         if isinstance(item, FunctionCallItem | CustomToolCallItem)
     }
-    for index, item in enumerate(items):
+    for index in range(start, len(items)):
+        item = items[index]
         if isinstance(item, ItemReference):
             found = known.get(item.id)
             if found is None or isinstance(found, ItemReference):
@@ -117,12 +149,19 @@ def chat_messages(instructions: str | None, items: Sequence[InputItem]) -> list[
     return messages
 
 
+def _text_of(content: str | list[ContentPart]) -> str:
+    return content if isinstance(content, str) else _text(content)
+
+
 def _add(
     messages: list[dict[str, Any]], item: InputItem, index: int, names: dict[str, str]
 ) -> None:
     if isinstance(item, MessageItem):
-        role = "system" if item.role == "developer" else item.role
-        messages.append({"role": role, "content": _content(item.content, index)})
+        content = _content(item.content, index)
+        if item.role in ("system", "developer"):
+            _merge_user(messages, _text_of(item.content))
+        else:
+            messages.append({"role": item.role, "content": content})
     elif isinstance(item, FunctionCallItem | CustomToolCallItem):
         if isinstance(item, FunctionCallItem):
             arguments = item.arguments
@@ -143,6 +182,16 @@ def _add(
         messages.append(message)
     elif isinstance(item, ReasoningItem):
         return  # the model's own thinking is not fed back (chat templates drop it too)
+
+
+def _merge_user(messages: list[dict[str, Any]], text: str) -> None:
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "user" and isinstance(last["content"], str):
+        last["content"] += "\n\n" + text
+    elif last is not None and last["role"] == "user":
+        last["content"].append({"type": "text", "text": text})
+    else:
+        messages.append({"role": "user", "content": text})
 
 
 def _content(content: str | list[ContentPart], index: int) -> str | list[dict[str, Any]]:
