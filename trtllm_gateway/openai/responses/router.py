@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
 import time
 from typing import Annotated, Any
 
@@ -36,6 +38,7 @@ from trtllm_gateway.openai.responses.translate import (
 )
 from trtllm_gateway.openai.run import Run, admitted
 
+logger = logging.getLogger(__name__)
 router = APIRouter(tags=["responses"])
 
 
@@ -100,7 +103,10 @@ async def _create(
             "response": final.model_dump(mode="json"),
             "conversation": history + given + output,
         }
-        await asyncio.to_thread(store.put, final.id, record)
+        try:
+            await asyncio.to_thread(store.put, final.id, record)
+        except sqlite3.Error as exc:  # the answer stands; only its continuation is lost
+            logger.warning("response %s not stored: %r", final.id, exc)
 
     items = run.generate(parsed.choices)
     return await respond_events(run, items, renderer, bool(body.stream), store_it)
