@@ -339,3 +339,18 @@ async def test_codex_shaped_request(
     assert prompt.index("DEVELOPER-ONE") < prompt.index("DEVELOPER-TWO") < prompt.index("QUESTION")
     user = prompt[prompt.index("<|im_start|>user") :]
     assert user.index("QUESTION") < user.index("LATER") < user.index("<|im_end|>")
+
+
+async def test_agent_apis_count_as_chat_in_the_metrics(client: httpx.AsyncClient) -> None:
+    r = await client.post(URL, json={"model": MODEL, "input": "hi", "max_output_tokens": 4})
+    assert r.status_code == 200
+    ask = [{"role": "user", "content": "hi"}]
+    body = {"model": MODEL, "max_tokens": 4, "messages": ask}
+    assert (await client.post("/v1/messages", json=body)).status_code == 200
+    text = (await client.get("/metrics")).text
+    label = f'model_name="{MODEL}"'
+    assert f"trtllm_gateway:generation_tokens_total{{{label}}} 8.0" in text
+    assert f'trtllm_gateway:request_success_total{{finished_reason="length",{label}}} 2.0' in text
+    assert f"trtllm_gateway:e2e_request_latency_seconds_count{{{label}}} 2.0" in text
+    assert 'http_requests_total{handler="/v1/responses"' in text
+    assert 'http_requests_total{handler="/v1/messages"' in text
