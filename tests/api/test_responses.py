@@ -354,3 +354,13 @@ async def test_agent_apis_count_as_chat_in_the_metrics(client: httpx.AsyncClient
     assert f"trtllm_gateway:e2e_request_latency_seconds_count{{{label}}} 2.0" in text
     assert 'http_requests_total{handler="/v1/responses"' in text
     assert 'http_requests_total{handler="/v1/messages"' in text
+
+
+async def test_error_params_name_the_responses_fields(client: httpx.AsyncClient) -> None:
+    bad = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}
+    r = await client.post(URL, json={"model": MODEL, "input": "Hi", "text": bad})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith("text.format"), r.json()
+    tool = {"type": "function", "name": "bad name!", "parameters": {}}
+    r = await client.post(URL, json={"model": MODEL, "input": "Hi", "tools": [tool]})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("tools"), r.json()

@@ -15,9 +15,10 @@ from trtllm_gateway.anthropic.messages.schemas import (
     MessagesRequest,
     TokenCount,
 )
-from trtllm_gateway.anthropic.messages.translate import to_chat
+from trtllm_gateway.anthropic.messages.translate import to_chat, wire_param
 from trtllm_gateway.app import request_context
 from trtllm_gateway.app.deps import Serving, ServingDep, StateDep
+from trtllm_gateway.app.errors import GatewayError
 from trtllm_gateway.app.state import State
 from trtllm_gateway.multimodal import PixelLease
 from trtllm_gateway.openai.chat.parse import parse_chat
@@ -41,9 +42,13 @@ async def create_message(
 async def _create(
     body: MessagesRequest, serving: Serving, state: State, request_id: str, pixels: PixelLease
 ) -> Response:
-    chat = to_chat(body)
-    run = Run(serving, chat, request_id)
-    parsed = await parse_chat(chat, serving, state, run, pixels, clamp_max_tokens=True)
+    try:
+        chat = to_chat(body)
+        run = Run(serving, chat, request_id)
+        parsed = await parse_chat(chat, serving, state, run, pixels, clamp_max_tokens=True)
+    except GatewayError as exc:
+        exc.param = wire_param(exc.param)  # Anthropic's body has no param; logs and tests do
+        raise
     (choice,) = parsed.choices
     renderer = MessagesRenderer(
         f"msg_{uuid.uuid4().hex}",

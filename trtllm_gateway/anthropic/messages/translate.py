@@ -22,6 +22,24 @@ from trtllm_gateway.anthropic.messages.schemas import (
 from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.openai.schemas import ChatCompletionRequest
 
+# Chat's names in an error's param, as this API spells them (a message index is chat's, not the
+# request's: system turns shift it, so only the field is named).
+_PARAMS = {
+    "response_format.json_schema": "output_config.format",
+    "response_format": "output_config.format",
+    "max_completion_tokens": "max_tokens",
+    "stop": "stop_sequences",
+    "messages": "messages",
+}
+
+
+def wire_param(param: str | None) -> str | None:
+    """An error's param from the chat request, named as the Messages request names it."""
+    for chat, ours in _PARAMS.items():
+        if param is not None and (param == chat or param.startswith((chat + ".", chat + "["))):
+            return ours if chat == "messages" else ours + param[len(chat) :]
+    return param
+
 
 def to_chat(body: CountTokensRequest) -> ChatCompletionRequest:
     """The chat request that serves `body` (a MessagesRequest, or count_tokens' request)."""

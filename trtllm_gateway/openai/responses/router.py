@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from trtllm_gateway.app import request_context
 from trtllm_gateway.app.admission import Slot
 from trtllm_gateway.app.deps import Serving, ServingDep, StateDep
-from trtllm_gateway.app.errors import NotFoundError
+from trtllm_gateway.app.errors import GatewayError, NotFoundError
 from trtllm_gateway.app.state import State
 from trtllm_gateway.multimodal import PixelLease
 from trtllm_gateway.openai.chat.parse import parse_chat
@@ -35,6 +35,7 @@ from trtllm_gateway.openai.responses.translate import (
     load_items,
     to_chat,
     tool_namespaces,
+    wire_param,
 )
 from trtllm_gateway.openai.run import Run, admitted
 
@@ -77,9 +78,13 @@ async def _create(
 ) -> Response:
     history = await _previous(body.previous_response_id, store, slot)
     new_items = input_items(body)
-    chat = to_chat(body, [*load_items(history), *new_items])
-    run = Run(serving, chat, request_id)
-    parsed = await parse_chat(chat, serving, state, run, pixels)
+    try:
+        chat = to_chat(body, [*load_items(history), *new_items])
+        run = Run(serving, chat, request_id)
+        parsed = await parse_chat(chat, serving, state, run, pixels)
+    except GatewayError as exc:
+        exc.param = wire_param(exc.param)
+        raise
     (choice,) = parsed.choices
     logprobs = LOGPROBS_INCLUDE in (body.include or ())
     renderer = ResponsesRenderer(

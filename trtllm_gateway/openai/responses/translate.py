@@ -39,6 +39,22 @@ _PASSED_EXTRAS = (
 )  # fmt: skip
 _EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# Chat's names in an error's param, as this API spells them (a message index is chat's, not the
+# input's: instructions and hoisted messages shift it, so only the field is named).
+_PARAMS = {
+    "response_format.json_schema": "text.format",
+    "response_format": "text.format",
+    "max_completion_tokens": "max_output_tokens",
+    "messages": "input",
+}
+
+
+def wire_param(param: str | None) -> str | None:
+    """An error's param from the chat request, named as the Responses request names it."""
+    for chat, ours in _PARAMS.items():
+        if param is not None and (param == chat or param.startswith((chat + ".", chat + "["))):
+            return ours if chat == "messages" else ours + param[len(chat) :]
+    return param
 
 
 def input_items(body: ResponsesRequest) -> list[InputItem]:
