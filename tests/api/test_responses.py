@@ -364,3 +364,20 @@ async def test_error_params_name_the_responses_fields(client: httpx.AsyncClient)
     tool = {"type": "function", "name": "bad name!", "parameters": {}}
     r = await client.post(URL, json={"model": MODEL, "input": "Hi", "tools": [tool]})
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("tools"), r.json()
+
+
+async def test_input_items_lists_the_conversation(
+    sdk: openai.AsyncOpenAI, fake_engine: FakeEngine, tokenizer: Tokenizer
+) -> None:
+    script(fake_engine, tokenizer, "Blue whales.")
+    first = await sdk.responses.create(model=MODEL, input="Largest animal?")
+    second = await sdk.responses.create(
+        model=MODEL, input="How long?", previous_response_id=first.id
+    )
+    items = [i async for i in sdk.responses.input_items.list(second.id, order="asc", limit=1)]
+    assert [i.type for i in items] == ["message", "message", "message"]
+    texts = [i.content[0].text for i in items]  # type: ignore[union-attr]
+    assert texts == ["Largest animal?", "Blue whales.", "How long?"]
+    assert all(i.id for i in items) and items[1].id == first.output[0].id
+    newest = [i async for i in sdk.responses.input_items.list(second.id)]
+    assert [i.id for i in newest] == [i.id for i in reversed(items)]  # desc by default

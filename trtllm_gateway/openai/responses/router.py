@@ -7,9 +7,9 @@ import asyncio
 import logging
 import sqlite3
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from trtllm_gateway.app import request_context
@@ -103,7 +103,10 @@ async def _create(
         if not body.store or final is None:
             return
         output = [i.model_dump(mode="json", exclude_none=True) for i in final.output]
-        given = [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in new_items]
+        given = [
+            stored_item(i.model_dump(mode="json", by_alias=True, exclude_none=True))
+            for i in new_items
+        ]
         record = {
             "response": final.model_dump(mode="json"),
             "conversation": history + given + output,
@@ -183,6 +186,52 @@ async def get_response(response_id: str, store: StoreDep) -> Response:
     if record is None:
         raise _not_found(response_id, store, None)
     return JSONResponse(record["response"])
+
+
+_ID_PREFIXES = {"function_call": "fc", "custom_tool_call": "ctc", "reasoning": "rs"}
+
+
+def stored_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as stored and listed: with an id, a message's text as a part (OpenAI
+    lists both so)."""
+    if not item.get("id") and item.get("type") != "item_reference":
+        item["id"] = new_item_id(_ID_PREFIXES.get(item.get("type", ""), "msg"))
+    if item.get("type") == "message" and isinstance(item.get("content"), str):
+        kind = "output_text" if item.get("role") == "assistant" else "input_text"
+        item["content"] = [{"type": kind, "text": item["content"]}]
+    return item
+
+
+@router.get("/v1/responses/{response_id}/input_items", response_model=None)
+async def list_input_items(
+    response_id: str,
+    store: StoreDep,
+    order: Literal["asc", "desc"] = "desc",
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: str | None = None,
+) -> Response:
+    """The conversation the response answered (every turn's input and output before its own
+    output), a page at a time as OpenAI lists it."""
+    record = await asyncio.to_thread(store.get, response_id)
+    if record is None:
+        raise _not_found(response_id, store, None)
+    conversation: list[dict[str, Any]] = record["conversation"]
+    items = conversation[: len(conversation) - len(record["response"]["output"])]
+    if order == "desc":
+        items = items[::-1]
+    if after is not None:
+        ids = [i.get("id") for i in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
 
 
 @router.delete("/v1/responses/{response_id}", response_model=None)
