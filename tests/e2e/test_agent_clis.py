@@ -1,14 +1,15 @@
-"""Claude Code (`claude -p`) and Codex CLI (`codex exec`), unmodified, each completing one turn
-against a live gateway on the real default model: Claude Code through /v1/messages
-(ANTHROPIC_BASE_URL), Codex through /v1/responses (a provider whose wire_api is "responses").
+"""Codex CLI (`codex exec`), unmodified, completing one turn against a live gateway on the real
+default model through /v1/responses (a provider whose wire_api is "responses").
 
-They are npm packages, not Python ones: `npm i -g @anthropic-ai/claude-code @openai/codex` (or
-`--prefix DIR` and AGENT_CLIS_BIN=DIR/bin). Without them these tests skip, saying so.
+It is an npm package, not a Python one: `npm i -g @openai/codex` (or `--prefix DIR` and
+AGENT_CLIS_BIN=DIR/bin). Without it this test skips, saying so.
 
-Claude Code runs with --bare, a one-line --system-prompt and no tools: with its own ~3,000-token
-system prompt and tools, SmolLM2-135M never ended a turn within any output cap tried (40, 200,
-600 and the clamped 5,150 tokens: 398 s), and Claude Code in -p mode treats max_tokens as an
-error. The requests and streams themselves were served and parsed in both settings.
+Claude Code (`claude -p` with ANTHROPIC_BASE_URL, 2.1.197) has no test here: its requests and
+streams are served and parsed (it retries after each max_tokens), but whether SmolLM2-135M ends
+a turn is luck. Claude Code sends no temperature (1.0 here), and -p calls a reply that reaches
+its output cap an error: with `--bare --system-prompt "You are a helpful assistant." --tools ""`
+it finished 3 of 5 runs (rc 0, 82-token answers); with its own ~3,000-token system prompt and
+tools, never (caps of 40, 200, 600 and 4,000 tokens, and the clamped 5,150: 398 s).
 """
 
 from __future__ import annotations
@@ -66,33 +67,4 @@ def test_codex_exec_completes_a_turn(server: Server, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip()  # the model's answer, whatever a 135M model makes of it
     calls = served(server, "/v1/responses")[before:]
-    assert calls and all('"status": 200' in line for line in calls), calls
-
-
-def test_claude_code_print_completes_a_turn(server: Server, tmp_path: Path) -> None:
-    claude = cli("claude")
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "ANTHROPIC_BASE_URL": server.url,
-        "ANTHROPIC_API_KEY": "unused",
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1000",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_TELEMETRY": "1",
-    }
-    before = len(served(server, "/v1/messages"))
-    args = ["-p", "What is the capital of France?", "--model", MODEL, "--bare"]
-    args += ["--system-prompt", "You are a helpful assistant.", "--tools", ""]
-    done = subprocess.run(
-        [claude, *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    assert done.stdout.strip()
-    calls = served(server, "/v1/messages")[before:]
     assert calls and all('"status": 200' in line for line in calls), calls

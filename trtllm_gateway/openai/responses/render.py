@@ -169,7 +169,7 @@ class ResponsesRenderer:
                 name = call.name or ""
                 kind = "custom_tool_call" if name in self.custom_tools else "function_call"
                 prefix = "ctc" if kind == "custom_tool_call" else "fc"
-                item = self._open(kind, prefix, out, call_id=call.id or new_item_id("call"))
+                item = self._open(kind, prefix, call_id=call.id or new_item_id("call"))
                 item.name = name
                 item.namespace = self.namespaces.get(name)
                 self.calls[call.index] = item
@@ -205,7 +205,7 @@ class ResponsesRenderer:
         if self.items and self.items[-1].kind == kind and not self.items[-1].done:
             return self.items[-1]
         self._close_open(out)
-        item = self._open(kind, "msg" if kind == "message" else "rs", out)
+        item = self._open(kind, "msg" if kind == "message" else "rs")
         out.append(self._event("response.output_item.added", **self._added(item)))
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         if kind == "reasoning":
@@ -214,7 +214,7 @@ class ResponsesRenderer:
         out.append(self._event("response.content_part.added", **where, part=part))
         return item
 
-    def _open(self, kind: str, prefix: str, out: list[Event], call_id: str = "") -> _Building:
+    def _open(self, kind: str, prefix: str, call_id: str = "") -> _Building:
         item = _Building(kind, new_item_id(prefix), len(self.items), call_id=call_id)
         self.items.append(item)
         return item
