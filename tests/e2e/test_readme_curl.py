@@ -31,7 +31,15 @@ def test_readme_example_runs(server: Server, script: str) -> None:
     assert done.returncode == 0, done.stderr + done.stdout
     out = done.stdout
     assert out.strip()
-    if '"stream": true' in script:
+    if '"stream": true' in script and "/v1/responses" in script:
+        # Responses streams end with their last named event, not [DONE]
+        assert "event: response.completed" in out or "event: response.incomplete" in out
+        assert "[DONE]" not in out
+    elif '"stream": true' in script:
         assert out.rstrip().endswith("data: [DONE]")
     if "chat/completions" in script and '"stream"' not in script:
         assert '"finish_reason"' in out and "Paris" in out
+    if "/v1/responses" in script and '"stream"' not in script:
+        assert '"status":"completed"' in out.replace(" ", "") and "Paris" in out
+    if "/v1/messages" in script:
+        assert '"stop_reason"' in out and "Paris" in out

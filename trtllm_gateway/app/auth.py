@@ -19,7 +19,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from trtllm_gateway.app.errors import error_body
+from trtllm_gateway.app.errors import ANTHROPIC_PREFIX, anthropic_body, error_body
 from trtllm_gateway.config.server import ServerConfig
 
 INTERNAL_PREFIX = "/internal/"
@@ -59,6 +59,8 @@ def _matches(token: str | None, digests: Sequence[bytes]) -> bool:
 def _refuse(scope: Scope, status: int, message: str, code: str) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     body = error_body(message, "AuthenticationError", None, code)
+    if scope["path"].startswith(ANTHROPIC_PREFIX):  # Anthropic's clients send x-api-key
+        body = anthropic_body(status, message)
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -17,6 +17,9 @@
                                        failed (BadGatewayError), 504 fetch timed out
 
 Body: {"error": {"message", "type", "param", "code"}}. Validation errors are 400, never 422.
+Under /v1/messages (Anthropic's Messages API) the same errors take Anthropic's shape,
+{"type": "error", "error": {"type", "message"}}, and an overload (a full queue, the engine's
+OverloadedError) is 529 overloaded_error, as Anthropic answers it.
 """
 
 from __future__ import annotations
@@ -132,8 +135,37 @@ def error_payload(exc: BaseException) -> dict[str, Any]:
     return error_body(err.message, err.error_type, err.param, err.code)
 
 
-def _response(err: GatewayError) -> JSONResponse:
+ANTHROPIC_PREFIX = "/v1/messages"
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+_OVERLOAD_CODES = ("queue_full", "overloaded")
+
+
+def anthropic_body(status: int, message: str) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error")
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """Status and body of an error in Anthropic's shape (also its mid-stream `error` event)."""
+    err = as_gateway_error(exc)
+    status = 529 if err.status_code == 503 and err.code in _OVERLOAD_CODES else err.status_code
+    return status, anthropic_body(status, err.message)
+
+
+def _response(err: GatewayError, request: Request | None = None) -> JSONResponse:
     headers = {"Retry-After": RETRY_AFTER_S} if err.status_code == 503 else None
+    if request is not None and request.url.path.startswith(ANTHROPIC_PREFIX):
+        status, body = anthropic_error(err)
+        return JSONResponse(body, status_code=status, headers=headers)
     body = error_body(err.message, err.error_type, err.param, err.code)
     return JSONResponse(body, status_code=err.status_code, headers=headers)
 
@@ -169,22 +201,22 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
 def install_error_handlers(app: FastAPI, on_disconnect: Any = None) -> None:
     """Register every handler; `on_disconnect()` counts clients that left before the response."""
 
-    async def gateway_error(_: Request, exc: Exception) -> Response:
+    async def gateway_error(request: Request, exc: Exception) -> Response:
         err = as_gateway_error(exc)
         if err.status_code >= 500:
             logger.warning("%s: %s", type(exc).__name__, err.message)
-        return _response(err)
+        return _response(err, request)
 
-    async def validation_error(_: Request, exc: Exception) -> Response:
+    async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        return _response(_validation_error(exc))
+        return _response(_validation_error(exc), request)
 
-    async def http_error(_: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         err = GatewayError(str(exc.detail))
         err.status_code = exc.status_code
         err.error_type = "NotFoundError" if exc.status_code == 404 else "BadRequestError"
-        return _response(err)
+        return _response(err, request)
 
     async def client_disconnect(_: Request, exc: Exception) -> Response:
         logger.info("client disconnected before the response")
@@ -192,9 +224,9 @@ def install_error_handlers(app: FastAPI, on_disconnect: Any = None) -> None:
             on_disconnect()
         return Response(status_code=499)
 
-    async def unexpected(_: Request, exc: Exception) -> Response:
+    async def unexpected(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error", exc_info=exc)
-        return _response(GatewayError("Internal server error"))
+        return _response(GatewayError("Internal server error"), request)
 
     app.add_exception_handler(GatewayError, gateway_error)
     app.add_exception_handler(EngineError, gateway_error)

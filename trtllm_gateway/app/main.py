@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.middleware.cors import CORSMiddleware
 
+from trtllm_gateway.anthropic.messages import router as messages
 from trtllm_gateway.app import health
 from trtllm_gateway.app.admission import Admission
 from trtllm_gateway.app.auth import ApiKeyMiddleware, InternalKeyMiddleware, load_api_keys
@@ -34,6 +35,8 @@ from trtllm_gateway.multimodal import create_pixel_budget
 from trtllm_gateway.openai import models
 from trtllm_gateway.openai.chat import router as chat
 from trtllm_gateway.openai.completions import router as completions
+from trtllm_gateway.openai.responses import router as responses
+from trtllm_gateway.openai.responses.store import ResponseStore, StoreLimits
 
 
 def create_app(
@@ -66,8 +69,10 @@ def create_app(
         lifespan=create_lifespan(config, engine, metrics, drain, tracer),
     )
     app.state.drain = drain
+    app.state.response_store = _response_store(config, shared)
     install_error_handlers(app, on_disconnect=metrics.client_disconnected)
-    for module in (chat, completions, models, health, disagg, encode, kv_events):
+    routers = (chat, completions, responses, messages, models, health, disagg, encode, kv_events)
+    for module in routers:
         app.include_router(module.router)
     # add_middleware wraps: the last added runs first.
     internal = config.disagg.internal_api_key
@@ -106,3 +111,16 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, quiet_paths=("/health", "/metrics"))
     return app
+
+
+def _response_store(config: GatewayConfig, shared: SharedCounts | None) -> ResponseStore:
+    """One sqlite file beside the admission counts in the supervisor's run directory (every API
+    server reads it: a previous_response_id chain may cross processes), else in memory."""
+    serving = config.serving
+    limits = StoreLimits(
+        serving.response_store_max_count,
+        serving.response_store_max_bytes,
+        serving.response_store_max_age,
+    )
+    path = ":memory:" if shared is None else os.path.join(os.path.dirname(shared.path), "responses")
+    return ResponseStore(path, limits)

@@ -50,3 +50,19 @@ class ServingConfig(BaseModel):
         "before it is ended, its engine requests aborted and its admission slots freed (0: no "
         "bound).",
     )
+    response_store_max_count: int = Field(
+        10000,
+        ge=0,
+        description="Most responses /v1/responses keeps for previous_response_id and GET "
+        "(least recently used go first; 0: none kept).",
+    )
+    response_store_max_bytes: int = Field(
+        256 * 2**20,
+        ge=0,
+        description="Most bytes of stored responses (each keeps its whole conversation).",
+    )
+    response_store_max_age: float = Field(
+        86400.0,
+        gt=0.0,
+        description="Seconds a stored response lives, however recently it was used.",
+    )

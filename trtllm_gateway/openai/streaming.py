@@ -73,14 +73,14 @@ async def peek_stream(items: AsyncGenerator[Item, None], wait_s: float) -> First
     return task.result() if task in done else Pending(task)
 
 
-async def _settle(first: First) -> Item | None:
+async def settle(first: First) -> Item | None:
     if not isinstance(first, Pending):
         return first
-    return await asyncio.shield(first.task)  # cancelled and awaited by _finish_pending
+    return await asyncio.shield(first.task)  # cancelled and awaited by finish_pending
 
 
 @contextlib.asynccontextmanager
-async def _finish_pending(first: First) -> AsyncIterator[None]:
+async def finish_pending(first: First) -> AsyncIterator[None]:
     """On the way out, cancel and await a pending peek, so the generator that task runs is no
     longer running when aclosing closes it (and its error, if any, is retrieved)."""
     try:
@@ -105,11 +105,11 @@ async def stream_frames(
 ) -> AsyncGenerator[bytes, None]:
     """SSE frames: prelude, rendered items, epilogue, [DONE]; a failure after the first byte is
     one error frame, then [DONE]."""
-    async with aclosing(items) as rest, _finish_pending(first):
+    async with aclosing(items) as rest, finish_pending(first):
         for prelude_frame in prelude:
             yield prelude_frame
         try:
-            item = await _settle(first)
+            item = await settle(first)
             while item is not None:
                 for rendered in renderer.chunks(*item):
                     yield frame(rendered)

@@ -46,9 +46,12 @@ async def parse_chat(
     state: State,
     run: Run,
     pixels: PixelLease,
+    clamp_max_tokens: bool = False,
 ) -> ParsedChat:
     """Checks, images, the chat template, then n choices over the one prompt. `pixels`: the
-    request's lease on the decoded-pixel budget, released by the caller when the response ends."""
+    request's lease on the decoded-pixel budget, released by the caller when the response ends.
+    clamp_max_tokens: a max_tokens past the context is cut to what remains (Anthropic's required
+    max_tokens, which clients set for their largest model), not a 400."""
     _check(body, serving)
     constraint = build_constraint(body)  # its 400s before any templating or fetching
     images = tuple(await load_images(body.messages, serving.info, state, pixels))
@@ -61,6 +64,9 @@ async def parse_chat(
         tools=template_tools(body),
     )
     requested = body.max_completion_tokens or body.max_tokens
+    if clamp_max_tokens and requested is not None:
+        # A prompt that fills the context still gets its 400 (resolve_max_tokens).
+        requested = max(1, min(requested, serving.info.max_model_len - len(prompt)))
     max_tokens = sampling.resolve_max_tokens(requested, len(prompt), serving.info.max_model_len)
     plan = reply_plan(body, serving, prompt)
     guided = await guided_decoding(constraint, serving, plan)

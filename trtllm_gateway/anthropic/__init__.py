@@ -1,0 +1,1 @@
+"""Anthropic's APIs, served by translation onto the OpenAI layer's chat pipeline."""
