@@ -19,13 +19,18 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 # Client tools that pin what the project's venv cannot take (instructor: jiter<0.15 against
-# openai 3.57; aiperf: prometheus_client<0.24), in a venv of their own; tests run them.
+# openai 3.57; aiperf: prometheus_client<0.24), in a venv of their own, and Codex CLI from npm;
+# tests run them.
 CLIENTS ?= .venv-clients
 clients: $(CLIENTS)/.installed
+
+# Codex CLI (an npm package) drives /v1/responses in tests/e2e/test_agent_clis.py.
+AGENT_CLIS ?= .agent-clis
 
 $(CLIENTS)/.installed: constraints.txt
 	test -x $(CLIENTS)/bin/python || python3 -m venv $(CLIENTS)
 	$(CLIENTS)/bin/pip install -q -c constraints.txt 'aiperf==0.13.*' 'guidellm==0.8.*' 'instructor==1.17.*'
+	npm install -s --no-audit --no-fund --prefix $(AGENT_CLIS) @openai/codex@0.171.0
 	touch $@
 
 model: install  ## convert the packaged GGUF once and build the CPU kernels (cached under ~/.cache/trtllm-gateway)

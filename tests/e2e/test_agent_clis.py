@@ -1,8 +1,9 @@
 """Codex CLI (`codex exec`), unmodified, completing one turn against a live gateway on the real
 default model through /v1/responses (a provider whose wire_api is "responses").
 
-It is an npm package, not a Python one: `npm i -g @openai/codex` (or `--prefix DIR` and
-AGENT_CLIS_BIN=DIR/bin). Without it this test skips, saying so.
+It is an npm package, not a Python one: `make clients` installs it under .agent-clis/ (or
+`npm i -g @openai/codex`, or `--prefix DIR` and AGENT_CLIS_BIN=DIR/bin). Without it this test
+skips, saying so, except where REQUIRE_AGENT_CLIS is set (CI's .ci/run sets it): there it fails.
 
 Claude Code (`claude -p` with ANTHROPIC_BASE_URL, 2.1.197) has no test here: its requests and
 streams are served and parsed (it retries after each max_tokens), but whether SmolLM2-135M ends
@@ -26,11 +27,17 @@ from tests.e2e.server import Server
 MODEL = "SmolLM2-135M-Instruct"
 
 
+LOCAL = Path(__file__).resolve().parents[2] / ".agent-clis" / "node_modules" / ".bin"
+
+
 def cli(name: str) -> str:
-    where = os.environ.get("AGENT_CLIS_BIN")
+    where = os.environ.get("AGENT_CLIS_BIN") or (str(LOCAL) if LOCAL.is_dir() else None)
     found = shutil.which(name, path=where) if where else shutil.which(name)
     if found is None:
-        pytest.skip(f"`{name}` is not installed (npm i -g @anthropic-ai/claude-code @openai/codex)")
+        why = f"`{name}` is not installed (make clients, or npm i -g @openai/codex)"
+        if os.environ.get("REQUIRE_AGENT_CLIS"):
+            pytest.fail(why)
+        pytest.skip(why)
     return found
 
 
