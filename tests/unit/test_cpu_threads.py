@@ -111,15 +111,34 @@ def test_a_decode_sized_packed_projection_runs_on_one_thread_while_contended(
     assert seen == [1, 2, 2]
 
 
-def test_the_package_makes_openmp_threads_wait_passively_unless_told_otherwise() -> None:
-    import os
+def _openmp_at_load(env: dict[str, str]) -> tuple[str, str]:
+    """(what libgomp says it got at load, os.environ's OMP_WAIT_POLICY after) in a process that
+    imports the built-in engine."""
     import subprocess
     import sys
 
-    code = "import trtllm_gateway, os; print(os.environ['OMP_WAIT_POLICY'])"
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = "import os, trtllm_gateway.engine.builtin; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = env | {"OMP_DISPLAY_ENV": "VERBOSE"}  # libgomp prints its variables as it loads
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "PASSIVE", out.stderr
-    env["OMP_WAIT_POLICY"] = "ACTIVE"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "ACTIVE", out.stderr
+    assert out.returncode == 0, out.stderr[-2000:]
+    shown = [
+        line.strip()
+        for line in out.stderr.splitlines()
+        if "WAIT_POLICY" in line or "SPINCOUNT" in line
+    ]
+    return "; ".join(shown), out.stdout.strip()
+
+
+def test_the_engine_gives_libgomp_its_policy_and_leaves_none_in_the_environment() -> None:
+    import os
+
+    from trtllm_gateway.engine.builtin.openmp_env import DEFAULTS
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+    shown, after = _openmp_at_load(clean)
+    for name, value in DEFAULTS.items():
+        assert f"{name} = '{value}'" in shown, shown
+    assert after == "None"  # children of the engine's process inherit nothing
+    shown, after = _openmp_at_load(clean | {"OMP_WAIT_POLICY": "ACTIVE"})
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in shown  # the user's choice wins
+    assert after == "ACTIVE"
