@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = """
 import sys
 from bench import run
-import trtllm_gateway.engine.builtin  # noqa: F401
+import trtllm_gateway.engine.builtin.core  # noqa: F401
 peer = run.servers(run.parser().parse_args(["--llama-server", sys.argv[1]]))[1]
 peer.start()
 sys.exit(peer.proc.wait())

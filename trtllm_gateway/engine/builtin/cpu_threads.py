@@ -18,6 +18,16 @@ batch-8 decode step took 54 ms instead of 74 with the machine idle, and even a b
 threshold is back.
 The kernels split their work by output columns or by (row, KV head), so the number of threads
 never changes a result's bits, only its time.
+
+How a thread waits between calls is libgomp's default (OMP_WAIT_POLICY unset, issue 36): it
+spins GOMP_SPINCOUNT = 300000 times, then sleeps, so the threads stay hot through a
+step's calls and sleep once the engine idles. The package once set PASSIVE (sleep at once; a
+futex wake per parallel call): on an idle 2-core Xeon the gateway's inter-token p50 at
+concurrency 1 was 25-27 ms passive and 14 ms with ACTIVE (issue 36). ACTIVE spins ~30 s, which a
+shared CPU cannot afford: batch-1 steps with every call on both threads under load 14 on the
+2-core EPYC took 5764 ms a step with ACTIVE, 143 PASSIVE, 88-102 with the default (interleaved,
+bench/cpu_wait.py); the CPU used in the second after the steps was under 10 ms with the default
+and PASSIVE, 80 ms with ACTIVE. An operator's OMP_WAIT_POLICY or GOMP_SPINCOUNT still applies.
 """
 
 from __future__ import annotations
