@@ -50,10 +50,11 @@ class Server:
     cmd: list[str]
     env: dict[str, str]
     port: int
+    cwd: str | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.cmd, env=self.env)
+        self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd)
 
     def pids(self) -> list[int]:
         """The server and every process under it (the gateway's engine core leads its own

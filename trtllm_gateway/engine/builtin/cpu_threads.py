@@ -93,11 +93,24 @@ def threads_for(fmas: int, policy: ThreadPolicy | None = None) -> Iterator[None]
         torch.set_num_threads(n)
 
 
+def call_sized(fmas: int, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """fn(*args, **kwargs) as under threads_for(fmas), by the process's POLICY, without a context
+    manager: the form a decode step's ~150 kernel calls take (a generator-based `with` is four
+    Python calls more each; issue 36, docs/benchmarks.md)."""
+    n = torch.get_num_threads()
+    if n == 1 or fmas >= POLICY.min_parallel_fmas():
+        return fn(*args, **kwargs)
+    torch.set_num_threads(1)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch.set_num_threads(n)
+
+
 def sized(fn: Callable[P, R], fmas: Callable[P, int]) -> Callable[P, R]:
     """fn, called under threads_for(fmas(*args))."""
 
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        with threads_for(fmas(*args, **kwargs)):
-            return fn(*args, **kwargs)
+        return call_sized(fmas(*args, **kwargs), fn, *args, **kwargs)
 
     return call
