@@ -28,6 +28,11 @@ shared CPU cannot afford: batch-1 steps with every call on both threads under lo
 2-core EPYC took 5764 ms a step with ACTIVE, 143 PASSIVE, 88-102 with the default (interleaved,
 bench/cpu_wait.py); the CPU used in the second after the steps was under 10 ms with the default
 and PASSIVE, 80 ms with ACTIVE. An operator's OMP_WAIT_POLICY or GOMP_SPINCOUNT still applies.
+Served at concurrency 1 under load 5 (main against this, raced): inter-token p50 lower in every
+pair (25.5 / 50.2 ms against 27.0 / 70.0), TTFT p50 worse in two of three (prefill's dense GEMMs
+run on both threads, and a spinning thread holds the core its preempted partner needs): on a
+shared CPU, PASSIVE in the server's environment is the safer choice (docs/benchmarks.md,
+"Issue 36").
 """
 
 from __future__ import annotations
