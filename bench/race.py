@@ -108,23 +108,26 @@ def wait_ready(server: Server, timeout: float = 900.0) -> None:
     raise RuntimeError(f"{server.name} not ready after {timeout:.0f} s")
 
 
-def serve_args(args: argparse.Namespace, port: int, conc: int) -> argparse.Namespace:
-    """bench.serve's arguments for one measurement (same prompts for every server and round)."""
+def serve_args(args: argparse.Namespace, port: int, conc: int, rnd: int) -> argparse.Namespace:
+    """bench.serve's arguments for one measurement: the same prompts for every server in a
+    round, new ones each round (both servers cache prefixes: a prompt seen in an earlier round
+    would measure a cache hit; seeds 1000 apart, as bench.serve's warmup takes seed + 1)."""
     n = max(args.min_prompts, 2 * conc)
     return serve_parser().parse_args(
         [
             *("--base-url", f"http://127.0.0.1:{port}", "--num-prompts", str(n)),
+            *("--seed", str(1000 * rnd)),
             *("--input-len", str(args.input_len), "--output-len", str(args.output_len)),
             *("--max-concurrency", str(conc), "--vocab-size", "49152", "--warmup", "2"),
         ]
     )
 
 
-def measure(server: Server, args: argparse.Namespace, conc: int) -> dict[str, Any]:
+def measure(server: Server, args: argparse.Namespace, conc: int, rnd: int) -> dict[str, Any]:
     server.thaw()
     try:
         before, w0, t0 = load(), server.waited_ns(), time.monotonic()
-        r = run_benchmark(serve_args(args, server.port, conc))
+        r = run_benchmark(serve_args(args, server.port, conc, rnd))
         wall = time.monotonic() - t0
         r["wait_share"] = round((server.waited_ns() - w0) / 1e9 / wall, 2)
         r["load_before"], r["load_after"] = before, load()
@@ -168,7 +171,7 @@ def race(servers: list[Server], args: argparse.Namespace) -> dict[str, list[dict
             for conc in args.concurrency:
                 k = rnd % len(servers)
                 for s in servers[k:] + servers[:k]:
-                    r = measure(s, args, conc) | {"round": rnd, "server": s.name}
+                    r = measure(s, args, conc, rnd) | {"round": rnd, "server": s.name}
                     runs[s.name].append(r)
                     print(
                         f"round {rnd} c={conc} {s.name}: {r['output_throughput']:.1f} tok/s, "

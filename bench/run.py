@@ -154,7 +154,8 @@ def cpu_markdown(res: dict[str, Any]) -> str:
         f"{res['torch']}, Python {res['python']}. Command: `{res['command']}` (server: "
         f"`{res['server']}`; gateway variables set: {', '.join(res['gateway_env']) or 'none'}). "
         "Real SmolLM2-135M-Instruct (the packaged Q4_1 GGUF), streaming /v1/completions, random "
-        f"128-token prompts, 128 output tokens, ignore_eos, greedy; {res['rounds']} round(s)."
+        f"{res['runs'][0]['input_len']}-token prompts, {res['runs'][0]['output_len']} output "
+        f"tokens, ignore_eos, greedy; {res['rounds']} round(s), new prompts each round."
     )
     if res.get("llama_runs"):
         head += (
