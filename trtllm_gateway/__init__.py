@@ -6,12 +6,7 @@ endpoints), engine (the engine protocol and both engines), multimodal (image loa
 (settings and engine args).
 """
 
-import os as _os
-
-# OpenMP threads that sleep as soon as they wait, unless the environment says otherwise. libgomp
-# reads this once, when torch loads it, so it is set before anything here imports torch (the
-# engine's child process inherits it). With libgomp's default spin-waiting, a thread preempted by
-# another process stalls every parallel region's barrier: served on a 2-core EPYC at load 5-6,
-# concurrency 1 gave 1.5-2.7 output tok/s spinning and 15.4 passive (docs/benchmarks.md,
-# "AVX2-only CPUs").
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Importing it changes nothing in the environment. It used to set OMP_WAIT_POLICY=PASSIVE there,
+# which every process started after the import inherited: llama.cpp's server under bench.run ran
+# about 3x slower at concurrency 1 for it (issue 36). The built-in engine now leaves OpenMP's
+# waiting to libgomp's default (engine/builtin/cpu_threads.py says why and what it measured).

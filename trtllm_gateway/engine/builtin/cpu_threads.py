@@ -18,6 +18,21 @@ batch-8 decode step took 54 ms instead of 74 with the machine idle, and even a b
 threshold is back.
 The kernels split their work by output columns or by (row, KV head), so the number of threads
 never changes a result's bits, only its time.
+
+How a thread waits between calls is libgomp's default (OMP_WAIT_POLICY unset, issue 36): it
+spins GOMP_SPINCOUNT = 300000 times, then sleeps, so the threads stay hot through a
+step's calls and sleep once the engine idles. The package once set PASSIVE (sleep at once; a
+futex wake per parallel call): on an idle 2-core Xeon the gateway's inter-token p50 at
+concurrency 1 was 25-27 ms passive and 14 ms with ACTIVE (issue 36). ACTIVE spins ~30 s, which a
+shared CPU cannot afford: batch-1 steps with every call on both threads under load 14 on the
+2-core EPYC took 5764 ms a step with ACTIVE, 143 PASSIVE, 88-102 with the default (interleaved,
+bench/cpu_wait.py); the CPU used in the second after the steps was under 10 ms with the default
+and PASSIVE, 80 ms with ACTIVE. An operator's OMP_WAIT_POLICY or GOMP_SPINCOUNT still applies.
+Served at concurrency 1 under load 5 (main against this, raced): inter-token p50 lower in every
+pair (25.5 / 50.2 ms against 27.0 / 70.0), TTFT p50 worse in two of three (prefill's dense GEMMs
+run on both threads, and a spinning thread holds the core its preempted partner needs): on a
+shared CPU, PASSIVE in the server's environment is the safer choice (docs/benchmarks.md,
+"Issue 36").
 """
 
 from __future__ import annotations
@@ -83,11 +98,24 @@ def threads_for(fmas: int, policy: ThreadPolicy | None = None) -> Iterator[None]
         torch.set_num_threads(n)
 
 
+def call_sized(fmas: int, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """fn(*args, **kwargs) as under threads_for(fmas), by the process's POLICY, without a context
+    manager: the form a decode step's ~150 kernel calls take (a generator-based `with` is four
+    Python calls more each; issue 36, docs/benchmarks.md)."""
+    n = torch.get_num_threads()
+    if n == 1 or fmas >= POLICY.min_parallel_fmas():
+        return fn(*args, **kwargs)
+    torch.set_num_threads(1)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch.set_num_threads(n)
+
+
 def sized(fn: Callable[P, R], fmas: Callable[P, int]) -> Callable[P, R]:
     """fn, called under threads_for(fmas(*args))."""
 
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        with threads_for(fmas(*args, **kwargs)):
-            return fn(*args, **kwargs)
+        return call_sized(fmas(*args, **kwargs), fn, *args, **kwargs)
 
     return call

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections import Counter
 from types import ModuleType
+from typing import cast
 
 import torch
 from torch import nn
 
-from trtllm_gateway.engine.builtin.cpu_threads import threads_for
+from trtllm_gateway.engine.builtin.cpu_threads import call_sized
 from trtllm_gateway.engine.builtin.model import linear_layers
 
 QK = 32  # weights per block
@@ -119,25 +120,31 @@ class PackedLinear(nn.Module):
         self.register_buffer("qs", qs, persistent=False)
         self.register_buffer("scales", scales, persistent=False)
         self._mm = kernels.q4_1_mm if kind == "q4_1" else kernels.q8_0_mm
+        self._fmas_per_row = linear.out_features * linear.in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        x2 = x.reshape(rows, x.shape[-1]).contiguous()
-        fmas = rows * self.weight.shape[0] * self.weight.shape[1]
-        if self.int8 and rows:
-            with threads_for(fmas):
-                qx, xs = self._kernels.quantize_q8(x2)
-                out: torch.Tensor = self._kernels.q8_mm(
-                    qx, xs, self.qs, self.scales, self.kind == "q4_1", False
-                )
-        elif rows > PACKED_MAX_ROWS or rows == 0:  # the loader packs float32 models only
-            return nn.functional.linear(x, self.weight, self.bias)
+        # A batch-1 step makes 120 of these calls: plain ints and the buffer dict, not
+        # nn.Module's attribute lookup (its __getattr__ was ~800 calls a step; issue 36).
+        cols = x.shape[-1]
+        rows = x.numel() // cols
+        if rows == 0 or (rows > PACKED_MAX_ROWS and not self.int8):
+            return nn.functional.linear(x, self.weight, self.bias)  # float32 models only
+        x2 = x.reshape(rows, cols).contiguous()
+        buffers = cast("dict[str, torch.Tensor]", self._buffers)  # both registered in __init__
+        qs, scales = buffers["qs"], buffers["scales"]
+        fmas = rows * self._fmas_per_row
+        if self.int8:
+            out: torch.Tensor = call_sized(fmas, self._q8, x2, qs, scales)
         else:
-            with threads_for(fmas):
-                out = self._mm(x2, self.qs, self.scales)
+            out = call_sized(fmas, self._mm, x2, qs, scales)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def _q8(self, x2: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        qx, xs = self._kernels.quantize_q8(x2)
+        out: torch.Tensor = self._kernels.q8_mm(qx, xs, qs, scales, self.kind == "q4_1", False)
+        return out
 
     def extra_repr(self) -> str:
         act = "int8" if self.int8 else "float32"
