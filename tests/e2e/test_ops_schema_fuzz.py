@@ -45,7 +45,8 @@ def _bounded(body: Any) -> None:
     body["model"] = MODEL
     body["stream"] = False  # the schema documents JSON bodies, not event streams
     body["n"] = 1
-    body["max_tokens"] = max(1, min(body.get("max_tokens") or 4, 4))
+    body["max_tokens"] = max(1, min(body.get("max_tokens") or 4, 4))  # chat, completions, messages
+    body["max_output_tokens"] = 4  # /v1/responses: unset, a reply may run to the context's end
     body.pop("max_completion_tokens", None)
 
 
