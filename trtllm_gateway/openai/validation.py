@@ -234,3 +234,14 @@ def sibling_sampling(wire: SamplingParams, vocab: int, max_logprobs: int) -> Sam
         raise BadRequestError("logit_bias values must be finite numbers.", param="logit_bias")
     _check_ids(sp.stop_token_ids, (t for t, _ in sp.logit_bias), sp.allowed_token_ids, vocab)
     return sp
+
+
+def renamed_param(param: str | None, names: dict[str, str]) -> str | None:
+    """An error's param from a translated chat request, named as the caller's API names it.
+
+    names: chat's field -> the API's (an agent API's translator); "messages" names only the
+    field, since the translation shifts message indexes."""
+    for chat, ours in names.items():
+        if param is not None and (param == chat or param.startswith((chat + ".", chat + "["))):
+            return ours if chat == "messages" else ours + param[len(chat) :]
+    return param

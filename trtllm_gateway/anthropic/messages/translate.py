@@ -21,6 +21,7 @@ from trtllm_gateway.anthropic.messages.schemas import (
 )
 from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.openai.schemas import ChatCompletionRequest
+from trtllm_gateway.openai.validation import renamed_param
 
 # Chat's names in an error's param, as this API spells them (a message index is chat's, not the
 # request's: system turns shift it, so only the field is named).
@@ -35,10 +36,7 @@ _PARAMS = {
 
 def wire_param(param: str | None) -> str | None:
     """An error's param from the chat request, named as the Messages request names it."""
-    for chat, ours in _PARAMS.items():
-        if param is not None and (param == chat or param.startswith((chat + ".", chat + "["))):
-            return ours if chat == "messages" else ours + param[len(chat) :]
-    return param
+    return renamed_param(param, _PARAMS)
 
 
 def to_chat(body: CountTokensRequest) -> ChatCompletionRequest:

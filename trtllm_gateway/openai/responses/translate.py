@@ -28,6 +28,7 @@ from trtllm_gateway.openai.responses.schemas import (
     ResponsesRequest,
 )
 from trtllm_gateway.openai.schemas import ChatCompletionRequest
+from trtllm_gateway.openai.validation import renamed_param
 
 ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
 # The one parameter a custom tool's function takes: the free-form text the model writes.
@@ -51,10 +52,7 @@ _PARAMS = {
 
 def wire_param(param: str | None) -> str | None:
     """An error's param from the chat request, named as the Responses request names it."""
-    for chat, ours in _PARAMS.items():
-        if param is not None and (param == chat or param.startswith((chat + ".", chat + "["))):
-            return ours if chat == "messages" else ours + param[len(chat) :]
-    return param
+    return renamed_param(param, _PARAMS)
 
 
 def input_items(body: ResponsesRequest) -> list[InputItem]:
