@@ -64,7 +64,7 @@ serve() {
   if [[ -n "$profile" && -n "$PYSPY" ]]; then
     sleep 12
     local core gateway
-    core=$(pgrep -P "$server" -f trtllm_gateway.engine.core.process | head -1)
+    core=$(pgrep -P "$server" -f trtllm_gateway.engine.transport.process | head -1)
     gateway=$(pgrep -P "$server" -f trtllm_gateway.app.api_server | head -1)
     "$PYSPY" record --pid "${gateway:-$server}" --duration 10 --rate 100 --nonblocking --format raw \
       -o "$OUT/spy_gateway_$name.txt" > "$OUT/spy_gateway_$name.log" 2>&1 &

@@ -24,8 +24,8 @@ from bench.stats import summarize
 from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
+from trtllm_gateway.engine.transport.client import CoreClient
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[tuple[int, ...]]:

@@ -45,7 +45,7 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 
 def _is_core(proc: psutil.Process) -> bool:
-    return _runs(proc, "engine.core")
+    return _runs(proc, "engine.transport")
 
 
 def _runs(proc: psutil.Process, module: str) -> bool:

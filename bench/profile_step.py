@@ -27,8 +27,8 @@ from bench.offline import engine_config_from, random_prompts
 from bench.offline import parser as offline_parser
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
-from trtllm_gateway.engine.core.messages import Add, encode
 from trtllm_gateway.engine.protocol import SamplingParams
+from trtllm_gateway.engine.transport.messages import Add, encode
 
 
 def kernel_table(prof: Any, steps: int, top: int) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import time
 from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_launch import core_client
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.model_source import resolve_model
 from trtllm_gateway.engine.protocol import (
     GenerateRequest,
@@ -29,6 +28,7 @@ from trtllm_gateway.engine.protocol import (
     SamplingParams,
     TokenEvent,
 )
+from trtllm_gateway.engine.transport.client import CoreClient
 
 SCHEMA = {
     "type": "object",

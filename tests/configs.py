@@ -14,7 +14,7 @@ from trtllm_gateway.config.engine_args import resolve_trtllm_args
 from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
-from trtllm_gateway.engine.core.client import CoreClient
+from trtllm_gateway.engine.transport.client import CoreClient
 
 
 def resolve_args(*argv: str) -> GatewayConfig:

@@ -1,9 +1,10 @@
 """trtllm-gateway: an OpenAI-compatible server over TensorRT-LLM or a built-in PyTorch engine.
 
-One package, its folders keeping their roles: app (process wiring), openai (the OpenAI serving
-layer), tool_parsers and reasoning (reply parsers), internal_api (the sibling-facing /internal/
-endpoints), engine (the engine protocol and both engines), multimodal (image loading), config
-(settings and engine args).
+One package, a folder a layer, top down: app (wiring and process management, the composition
+root), routers (the endpoints: openai/, anthropic/, internal/ for siblings, health), web (the
+HTTP kit the endpoints stand on), multimodal (image loading), reasoning and tool_parsers (reply
+parsers), engine (the engine protocol, the transport to the core, both engines), config
+(settings and engine args). pyproject.toml's import-linter contracts hold the order.
 """
 
 # Importing it changes nothing in the environment. It used to set OMP_WAIT_POLICY=PASSIVE there,

@@ -14,9 +14,9 @@ from fastapi import FastAPI
 from tests.conftest import MODEL, wait_ready
 from trtllm_gateway.app.drain import Drain
 from trtllm_gateway.app.main import create_app
-from trtllm_gateway.app.state import State
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.web.state import State
 
 CHAT: dict[str, Any] = {
     "model": MODEL,

@@ -12,12 +12,12 @@ import pytest
 
 from tests.api.ops_helpers import CHAT, serve
 from tests.conftest import MAX_MODEL_LEN, MODEL
-from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.openai.schemas import ChatCompletionRequest
-from trtllm_gateway.openai.validation import MAX_CHARS_PER_TOKEN, check_values
+from trtllm_gateway.routers.openai.schemas import ChatCompletionRequest
+from trtllm_gateway.routers.openai.validation import MAX_CHARS_PER_TOKEN, check_values
+from trtllm_gateway.web.errors import BadRequestError
 
 LIMIT = 4096
 

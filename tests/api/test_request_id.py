@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from tests.api.ops_helpers import CHAT
-from trtllm_gateway.app.logs import JsonFormatter, RequestIdFilter
 from trtllm_gateway.engine.fake import FakeEngine
+from trtllm_gateway.web.logs import JsonFormatter, RequestIdFilter
 
 
 async def test_client_id_is_used_and_echoed(client: httpx.AsyncClient) -> None:

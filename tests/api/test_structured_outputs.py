@@ -119,7 +119,7 @@ async def test_completions_take_a_constraint(
     body = {"model": MODEL, "prompt": "x", "max_tokens": 3, "response_format": fmt}
     r = await client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
-    closed = {**schema, "additionalProperties": False}  # openai/closed_schema.py
+    closed = {**schema, "additionalProperties": False}  # routers/openai/closed_schema.py
     assert fake_engine.requests[0].sampling.guided == GuidedDecoding("json", json.dumps(closed))
     bad = {"model": MODEL, "prompt": "x", "structured_outputs": {"regex": "(a"}}
     r = await client.post("/v1/completions", json=bad)

@@ -100,7 +100,7 @@ def test_off_by_default_imports_no_sdk() -> None:
         "import sys\n"
         "from trtllm_gateway.app.main import create_app\n"
         "from trtllm_gateway.config.settings import Settings\n"
-        "from trtllm_gateway.openai import run\n"
+        "from trtllm_gateway.routers.openai import run\n"
         "create_app(Settings(engine='fake').parts())\n"
         "bad = [m for m in sys.modules if m.startswith(('opentelemetry.sdk', "
         "'opentelemetry.exporter'))]\n"
@@ -112,7 +112,7 @@ def test_off_by_default_imports_no_sdk() -> None:
 
 
 def test_endpoint_url_and_protocol_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trtllm_gateway.app.tracing import Tracer, traces_url
+    from trtllm_gateway.web.tracing import Tracer, traces_url
 
     assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
     assert traces_url("http://c:4318/custom/path") == "http://c:4318/custom/path"

@@ -1,4 +1,5 @@
-"""Hostile input at the HTTP edge (openai/validation.py, engine/tokenizer.py), in process over the
+"""Hostile input at the HTTP edge (routers/openai/validation.py, engine/tokenizer.py), in process
+over the
 FakeEngine: every token id against the vocabulary, logit_bias / allowed_token_ids reaching the
 engine, lone surrogates, deep nesting, NaN/Infinity, reserved chat_template_kwargs. Each is a
 400 naming the param, never a 500."""
@@ -16,7 +17,7 @@ from tests.conftest import MODEL
 from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import GenerateRequest, TokenEvent
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.openai.validation import (
+from trtllm_gateway.routers.openai.validation import (
     MAX_CHOICES,
     MAX_DEPTH,
     MAX_STOP_CHARS,

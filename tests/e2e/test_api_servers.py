@@ -237,7 +237,7 @@ async def test_a_dead_process_stops_them_all(log_dir: Path, victim: str) -> None
     s = Server(args=ARGS).start(log_dir)
     try:
         children = _tree(s)
-        core = [c for c in children if "engine.core.process" in " ".join(c.cmdline())]
+        core = [c for c in children if "engine.transport.process" in " ".join(c.cmdline())]
         servers = [c for c in children if "app.api_server" in " ".join(c.cmdline())]
         assert len(core) == 1 and len(servers) == 2
         (core[0] if victim == "core" else servers[1]).kill()

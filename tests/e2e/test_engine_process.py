@@ -34,7 +34,7 @@ def _children(srv: Server) -> list[psutil.Process]:
 def _engine_process(srv: Server) -> psutil.Process:
     assert srv.proc is not None
     children = psutil.Process(srv.proc.pid).children(recursive=True)
-    cores = [c for c in children if "trtllm_gateway.engine.core.process" in c.cmdline()]
+    cores = [c for c in children if "trtllm_gateway.engine.transport.process" in c.cmdline()]
     assert len(cores) == 1, [c.cmdline() for c in children]
     return cores[0]
 

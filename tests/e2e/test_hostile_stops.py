@@ -21,7 +21,7 @@ import httpx
 from tests.e2e.ops_client import MODEL
 from tests.e2e.server import Server
 from tests.e2e.victims import VICTIM_PROMPTS, alone, chat
-from trtllm_gateway.openai.validation import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from trtllm_gateway.routers.openai.validation import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 ATTACK: dict[str, Any] = {
     "model": MODEL,

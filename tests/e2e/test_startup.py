@@ -113,7 +113,7 @@ def test_a_start_that_cannot_get_ready_says_why_then_exits_4(
     assert "pid 424242" in log
     assert "(--startup-timeout 30 s), still building CPU kernels" in log
     # Nothing to drain in a core that never got ready: it is stopped within a second or so, not
-    # after the 10 s grace a ready core gets (engine/core/client.py, stop()).
+    # after the 10 s grace a ready core gets (engine/transport/client.py, stop()).
     stamps = {
         key: dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
         for line in log.splitlines()

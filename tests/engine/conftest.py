@@ -19,9 +19,9 @@ from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
 from trtllm_gateway.engine.builtin.cpu_kernels import build
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.model_source import resolve_model
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams, TokenEvent
+from trtllm_gateway.engine.transport.client import CoreClient
 
 PROMPTS = [
     "What is the capital of France?",

@@ -16,10 +16,10 @@ import zmq
 
 from tests.engine.conftest import core_of
 from trtllm_gateway.engine.builtin.block_manager import block_hash
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.kv_events.log import signed64
 from trtllm_gateway.engine.kv_events.wire import KvEventsFormat, unsigned64
 from trtllm_gateway.engine.kv_events.zmq_publisher import ZmqKvPublisher
+from trtllm_gateway.engine.transport.client import CoreClient
 
 TOPIC = "kv@gateway"
 Frames = list[tuple[bytes, bytes, bytes]]

@@ -25,8 +25,6 @@ import pytest
 
 from tests.configs import builtin_core_client
 from tests.engine.conftest import EngineFactory, greedy
-from trtllm_gateway.engine.core import shm_blob
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     EngineDeadError,
@@ -34,6 +32,8 @@ from trtllm_gateway.engine.protocol import (
     InvalidRequestError,
     TokenEvent,
 )
+from trtllm_gateway.engine.transport import shm_blob
+from trtllm_gateway.engine.transport.client import CoreClient
 
 CoreFactory = Callable[..., Coroutine[Any, Any, CoreClient]]
 

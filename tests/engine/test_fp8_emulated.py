@@ -18,8 +18,8 @@ from tests.engine.test_q8_activations import answer_logprobs
 from trtllm_gateway.engine.builtin import fp8
 from trtllm_gateway.engine.builtin.attention import paged_attention
 from trtllm_gateway.engine.builtin.fp8_linear import Fp8Linear, quantize_fp8
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest
+from trtllm_gateway.engine.transport.client import CoreClient
 
 
 def kv_as_fp8(

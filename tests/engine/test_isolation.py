@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from tests.engine.conftest import EngineFactory, collect, greedy
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError
+from trtllm_gateway.engine.transport.client import CoreClient
 
 ATTACK = greedy(8, stop_token_ids=(-100000,), min_tokens=2)
 

@@ -26,10 +26,10 @@ from tests.upstream import (
     vllm_kv_events_map,
     vllm_kv_events_subscriber,
 )
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.kv_events.log import BlockRemoved, BlockStored
 from trtllm_gateway.engine.kv_events.wire import unsigned64
 from trtllm_gateway.engine.protocol import GenerateRequest
+from trtllm_gateway.engine.transport.client import CoreClient
 
 BS = 16
 SHARED = "You are a terse assistant. Answer in one short line, no preamble. " * 3

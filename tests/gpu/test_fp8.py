@@ -16,8 +16,8 @@ from tests.gpu.test_kernels import CUDA, paged_cache, ref_attention, rel_err, ta
 from tests.unit.test_fp8_math import check_kv_handoff
 from trtllm_gateway.engine.builtin import fp8
 from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
+from trtllm_gateway.engine.transport.client import CoreClient
 
 
 def test_this_gpu_has_fp8() -> None:

@@ -20,8 +20,8 @@ import torch
 
 from tests.configs import builtin_config
 from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
+from trtllm_gateway.engine.transport.client import CoreClient
 
 CUDA = torch.device("cuda")
 NEW_TOKENS = 12

@@ -20,7 +20,6 @@ import torch
 
 from tests.configs import builtin_config
 from trtllm_gateway.engine.builtin.core_launch import core_client
-from trtllm_gateway.engine.core.client import CoreClient
 from trtllm_gateway.engine.guided.matcher import apply_bitmask
 from trtllm_gateway.engine.protocol import (
     GenerateRequest,
@@ -28,6 +27,7 @@ from trtllm_gateway.engine.protocol import (
     InvalidRequestError,
     SamplingParams,
 )
+from trtllm_gateway.engine.transport.client import CoreClient
 
 SCHEMA = {
     "type": "object",

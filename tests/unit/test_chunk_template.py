@@ -1,11 +1,12 @@
-"""openai/chunk_template.py: a pre-rendered chunk is byte for byte what pydantic would send."""
+"""routers/openai/chunk_template.py: a pre-rendered chunk is byte for byte what pydantic would
+send."""
 
 from __future__ import annotations
 
 import pytest
 
-from trtllm_gateway.openai.chunk_template import TextChunk
-from trtllm_gateway.openai.schemas import (
+from trtllm_gateway.routers.openai.chunk_template import TextChunk
+from trtllm_gateway.routers.openai.schemas import (
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
     CompletionChoice,

@@ -13,9 +13,6 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from trtllm_gateway.engine.core import messages as m
-from trtllm_gateway.engine.core.client import CoreClient
-from trtllm_gateway.engine.core.inproc import ThreadLauncher
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     DisaggParams,
@@ -28,6 +25,9 @@ from trtllm_gateway.engine.protocol import (
     TokenEvent,
     Usage,
 )
+from trtllm_gateway.engine.transport import messages as m
+from trtllm_gateway.engine.transport.client import CoreClient
+from trtllm_gateway.engine.transport.inproc import ThreadLauncher
 
 BOOM = 666  # a prompt token that makes the scripted step raise (an engine bug)
 

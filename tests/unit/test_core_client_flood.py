@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.unit.test_core_client import ScriptedCore
-from trtllm_gateway.engine.core import messages as m
-from trtllm_gateway.engine.core.client import CoreClient
-from trtllm_gateway.engine.core.inproc import ThreadLauncher
 from trtllm_gateway.engine.protocol import EngineHealth
+from trtllm_gateway.engine.transport import messages as m
+from trtllm_gateway.engine.transport.client import CoreClient
+from trtllm_gateway.engine.transport.inproc import ThreadLauncher
 
 
 class FloodCore(ScriptedCore):

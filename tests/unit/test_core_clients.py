@@ -15,11 +15,11 @@ import pytest
 import zmq
 
 from tests.unit.test_core_client import BOOM, ScriptedCore, drain, req
-from trtllm_gateway.engine.core import messages as m
-from trtllm_gateway.engine.core.attach import AttachedCore
-from trtllm_gateway.engine.core.client import CoreClient
-from trtllm_gateway.engine.core.loop import Addresses, run_core
 from trtllm_gateway.engine.protocol import EngineDeadError, InvalidRequestError
+from trtllm_gateway.engine.transport import messages as m
+from trtllm_gateway.engine.transport.attach import AttachedCore
+from trtllm_gateway.engine.transport.client import CoreClient
+from trtllm_gateway.engine.transport.loop import Addresses, run_core
 
 
 class SharedCore:

@@ -9,10 +9,10 @@ import pickle
 from tests.configs import resolve_args
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
-from trtllm_gateway.engine.core.client import CoreClient
-from trtllm_gateway.engine.core.inproc import ThreadLauncher
-from trtllm_gateway.engine.core.process import ProcessLauncher
 from trtllm_gateway.engine.factory import create_engine
+from trtllm_gateway.engine.transport.client import CoreClient
+from trtllm_gateway.engine.transport.inproc import ThreadLauncher
+from trtllm_gateway.engine.transport.process import ProcessLauncher
 
 SECRETS = ("--api-key", "sk-client", "--internal-api-key", "int-secret")
 CORS = ("--allowed-origins", "https://cors.example", "--allowed-headers", "X-Cors-Header")

@@ -1,11 +1,9 @@
-"""engine/core/messages: every message survives the wire; errors come back as the same kind."""
+"""engine/transport/messages: every message survives the wire; errors come back as the same kind."""
 
 from __future__ import annotations
 
 import pytest
 
-from trtllm_gateway.app.errors import from_engine_error
-from trtllm_gateway.engine.core import messages as m
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineDeadError,
@@ -20,6 +18,8 @@ from trtllm_gateway.engine.protocol import (
     TokenLogprob,
     Usage,
 )
+from trtllm_gateway.engine.transport import messages as m
+from trtllm_gateway.web.errors import from_engine_error
 
 SAMPLING = SamplingParams(
     max_tokens=7,

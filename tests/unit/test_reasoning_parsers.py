@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trtllm_gateway.openai.chat.reply import ReplyFold
 from trtllm_gateway.reasoning import create_reasoning_parser, end_marker
+from trtllm_gateway.routers.openai.chat.reply import ReplyFold
 
 Split = tuple[str, str]  # (reasoning, content)
 

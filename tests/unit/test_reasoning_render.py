@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from trtllm_gateway.engine.protocol import TokenEvent
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.openai.chat.reply import ReplyPlan
-from trtllm_gateway.openai.choice_output import ChoiceOutput
+from trtllm_gateway.routers.openai.chat.reply import ReplyPlan
+from trtllm_gateway.routers.openai.choice_output import ChoiceOutput
 
 
 def test_special_tokens_kept_but_not_the_stop_token(tokenizer: Tokenizer) -> None:

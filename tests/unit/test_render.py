@@ -1,4 +1,5 @@
-"""openai/choice_output.py (stop strings and multi-byte hold-back, finish), openai/logprobs.py."""
+"""routers/openai/choice_output.py (stop strings and multi-byte hold-back, finish),
+routers/openai/logprobs.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 
 from trtllm_gateway.engine.protocol import TokenEvent, TokenLogprob, Usage
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.openai.choice_output import ChoiceDelta, ChoiceOutput
-from trtllm_gateway.openai.logprobs import chat_logprobs, completion_logprobs
+from trtllm_gateway.routers.openai.choice_output import ChoiceDelta, ChoiceOutput
+from trtllm_gateway.routers.openai.logprobs import chat_logprobs, completion_logprobs
 
 
 def run(

@@ -1,4 +1,5 @@
-"""ResponseStore (openai/responses/store.py): bounded by count, bytes and age, least recently used
+"""ResponseStore (routers/openai/responses/store.py): bounded by count, bytes and age, least
+recently used
 first, never a pinned (in flight) record; one sqlite file shared by two connections as by two
 API server processes."""
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_gateway.openai.responses.store import ResponseStore, StoreLimits
+from trtllm_gateway.routers.openai.responses.store import ResponseStore, StoreLimits
 
 BIG = StoreLimits(max_count=100, max_bytes=10**6, max_age_s=3600)
 

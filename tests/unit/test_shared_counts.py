@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_gateway.app.admission import Admission
-from trtllm_gateway.app.errors import ServiceUnavailableError
-from trtllm_gateway.app.shared_counts import SharedCounts
+from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.errors import ServiceUnavailableError
+from trtllm_gateway.web.shared_counts import SharedCounts
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trtllm_gateway.engine.core import shm_blob
+from trtllm_gateway.engine.transport import shm_blob
 
 
 def segments() -> set[str]:

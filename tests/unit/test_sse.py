@@ -1,4 +1,4 @@
-"""app/sse.py: framing, and EventStreamResponse closing its generator when the client leaves."""
+"""web/sse.py: framing, and EventStreamResponse closing its generator when the client leaves."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from trtllm_gateway.app.sse import DONE, EventStreamResponse, error_frame, frame
-from trtllm_gateway.openai.schemas import DeltaMessage, UsageInfo
+from trtllm_gateway.routers.openai.schemas import DeltaMessage, UsageInfo
+from trtllm_gateway.web.sse import DONE, EventStreamResponse, error_frame, frame
 
 
 def test_frame_dict_and_model() -> None:

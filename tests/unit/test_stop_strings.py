@@ -1,4 +1,5 @@
-"""openai/stop_strings.py: the Aho-Corasick stop automaton gives exactly what the find/endswith
+"""routers/openai/stop_strings.py: the Aho-Corasick stop automaton gives exactly what the
+find/endswith
 loop it replaced gave (kept here as the oracle), chunk by chunk, on random texts and stops, and
 its cost per character does not grow with the number of stop strings (issue 40, item 4)."""
 
@@ -13,8 +14,8 @@ from hypothesis import strategies as st
 
 from trtllm_gateway.engine.protocol import TokenEvent
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.openai.choice_output import ChoiceOutput
-from trtllm_gateway.openai.stop_strings import ROOT, StopStrings
+from trtllm_gateway.routers.openai.choice_output import ChoiceOutput
+from trtllm_gateway.routers.openai.stop_strings import ROOT, StopStrings
 
 
 class LoopStops:

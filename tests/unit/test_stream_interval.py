@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trtllm_gateway.engine.core.stream_interval import StreamInterval
 from trtllm_gateway.engine.protocol import EngineDeadError, TokenEvent
+from trtllm_gateway.engine.transport.stream_interval import StreamInterval
 
 
 def tok(t: int, finish: str | None = None) -> TokenEvent:

@@ -1,4 +1,4 @@
-"""openai/structured.py: each request field -> one GuidedDecoding, and the 400s."""
+"""routers/openai/structured.py: each request field -> one GuidedDecoding, and the 400s."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
-from trtllm_gateway.app.errors import BadRequestError
 from trtllm_gateway.engine.protocol import GuidedDecoding
-from trtllm_gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
-from trtllm_gateway.openai.structured import (
+from trtllm_gateway.routers.openai.schemas import ChatCompletionRequest, CompletionRequest
+from trtllm_gateway.routers.openai.structured import (
     build_constraint,
     check_constraint,
     check_tools,
     choice_regex,
     start_after,
 )
+from trtllm_gateway.web.errors import BadRequestError
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 TOOL = {
@@ -233,7 +233,7 @@ NESTED = {
 
 
 def test_every_object_with_properties_is_closed_at_every_depth() -> None:
-    """openai/closed_schema.py: what xgrammar's strict_mode and vLLM's
+    """routers/openai/closed_schema.py: what xgrammar's strict_mode and vLLM's
     disable_additional_properties do (closed_schema.py cites both); explicit values and data
     keywords (`const`) are left alone."""
     import jsonschema

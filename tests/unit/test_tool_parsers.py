@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trtllm_gateway.openai.chat.reply import ReplyFold, ReplyPlan
+from trtllm_gateway.routers.openai.chat.reply import ReplyFold, ReplyPlan
 from trtllm_gateway.tool_parsers import TOOL_CALL_PARSERS, resolve_tool_parser
 
 Parsed = tuple[str, str, list[tuple[str, Any]]]

@@ -16,9 +16,9 @@ import pytest
 
 from tests.unit.test_tool_parsers import parse
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.openai.chat.images import template_messages
-from trtllm_gateway.openai.chat.reply import ReplyPlan
-from trtllm_gateway.openai.schemas import ChatMessage
+from trtllm_gateway.routers.openai.chat.images import template_messages
+from trtllm_gateway.routers.openai.chat.reply import ReplyPlan
+from trtllm_gateway.routers.openai.schemas import ChatMessage
 from trtllm_gateway.tool_parsers import resolve_tool_parser
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"

@@ -1,4 +1,4 @@
-"""app/tracing.py: shutdown flushes the queued spans within its bound, even to a dead collector
+"""web/tracing.py: shutdown flushes the queued spans within its bound, even to a dead collector
 (issue 40, item 8: SIGTERM took 12.7 s instead of 3.0 s while the SDK retried its export for its
 whole 10 s timeout)."""
 
@@ -10,7 +10,7 @@ import time
 from starlette.datastructures import Headers
 
 from tests.otlp_receiver import OtlpReceiver
-from trtllm_gateway.app.tracing import FLUSH_ON_SHUTDOWN_S, Tracer
+from trtllm_gateway.web.tracing import FLUSH_ON_SHUTDOWN_S, Tracer
 
 
 def _dead_port() -> int:

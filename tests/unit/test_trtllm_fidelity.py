@@ -355,7 +355,7 @@ def test_serve_without_tensorrt_llm_prints_one_line(
     from trtllm_gateway.app.cli import main
 
     monkeypatch.setattr(
-        "trtllm_gateway.app.logs.configure_logging", lambda *_a, **_k: None
+        "trtllm_gateway.web.logs.configure_logging", lambda *_a, **_k: None
     )  # keep caplog's
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # import fails as if absent
     assert main(["serve", "--engine", "trtllm", "--model", "/nonexistent"]) == 1

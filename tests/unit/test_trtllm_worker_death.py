@@ -316,7 +316,7 @@ def test_serve_stops_with_one_line(
     line naming the file or flag, the key and why (no traceback)."""
     from trtllm_gateway.app.cli import main
 
-    monkeypatch.setattr("trtllm_gateway.app.logs.configure_logging", lambda *_a, **_k: None)
+    monkeypatch.setattr("trtllm_gateway.web.logs.configure_logging", lambda *_a, **_k: None)
     extra = tmp_path / "engine.yaml"
     extra.write_text(yaml_text)
     argv = ["serve", "--engine", "trtllm", "--model", str(model_dir), "--extra-engine-args"]

@@ -3,7 +3,7 @@ the supervisor (app/supervisor.py).
 
 Its spec (the configuration, its index, the listening socket's descriptor, where to reach the
 shared engine core, the shared admission counters' file) comes down stdin, pickled and
-length-prefixed, as the engine core's does (engine/core/process.py). The listening socket is
+length-prefixed, as the engine core's does (engine/transport/process.py). The listening socket is
 inherited, so every server accepts on the one port and the kernel gives each connection to one of
 them. It runs the single-process gateway's app and GatewayServer over a CoreClient attached to the
 shared core, and exits once the supervisor is gone (never an orphan).
@@ -25,13 +25,13 @@ from typing import IO, cast
 import uvicorn
 
 from trtllm_gateway.app.drain import Drain
-from trtllm_gateway.app.logs import configure_logging
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.app.server import GatewayServer, uvicorn_config
-from trtllm_gateway.app.shared_counts import SharedCounts
 from trtllm_gateway.config.gateway import GatewayConfig
-from trtllm_gateway.engine.core.attach import Attachment
 from trtllm_gateway.engine.factory import create_engine
+from trtllm_gateway.engine.transport.attach import Attachment
+from trtllm_gateway.web.logs import configure_logging
+from trtllm_gateway.web.shared_counts import SharedCounts
 
 logger = logging.getLogger("trtllm_gateway.app.api_server")  # also when run as __main__
 

@@ -19,12 +19,12 @@ commands:
 def serve(argv: list[str]) -> int:
     from pydantic import ValidationError
 
-    from trtllm_gateway.app.logs import configure_logging
     from trtllm_gateway.app.main import create_app
     from trtllm_gateway.app.server import GatewayServer, uvicorn_config
     from trtllm_gateway.config.settings import Settings
     from trtllm_gateway.engine.factory import preflight
     from trtllm_gateway.engine.protocol import EngineError
+    from trtllm_gateway.web.logs import configure_logging
 
     try:
         config = Settings(_cli_parse_args=argv).parts()  # the one place flags become configs
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return sweep_main(rest[1:])
     if command == "version":
-        from trtllm_gateway.app.version import VERSION
+        from trtllm_gateway.web.version import VERSION
 
         sys.stdout.write(f"trtllm-gateway {VERSION}\n")
         return 0

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from trtllm_gateway.app.admission import Admission
-from trtllm_gateway.app.state import State
+from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.state import State
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,6 @@ import httpx
 from fastapi import FastAPI
 
 from trtllm_gateway.app.drain import Drain
-from trtllm_gateway.app.metrics import GatewayMetrics
-from trtllm_gateway.app.state import State
-from trtllm_gateway.app.tracing import Tracer
 from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.engine.capabilities import EngineExtras, KvEventSource
@@ -28,6 +25,9 @@ from trtllm_gateway.engine.kv_events.zmq_publisher import ZmqKvPublisher
 from trtllm_gateway.engine.protocol import EngineBase
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache
+from trtllm_gateway.web.metrics import GatewayMetrics
+from trtllm_gateway.web.state import State
+from trtllm_gateway.web.tracing import Tracer
 
 logger = logging.getLogger(__name__)
 

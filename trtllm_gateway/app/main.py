@@ -15,28 +15,28 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.middleware.cors import CORSMiddleware
 
-from trtllm_gateway.anthropic.messages import router as messages
-from trtllm_gateway.app import health
-from trtllm_gateway.app.admission import Admission
-from trtllm_gateway.app.auth import ApiKeyMiddleware, InternalKeyMiddleware, load_api_keys
-from trtllm_gateway.app.body_limit import BodyLimitMiddleware
 from trtllm_gateway.app.drain import Drain
-from trtllm_gateway.app.errors import install_error_handlers
 from trtllm_gateway.app.lifespan import create_lifespan
-from trtllm_gateway.app.metrics import GatewayMetrics
-from trtllm_gateway.app.request_context import HEADER, RequestContextMiddleware
-from trtllm_gateway.app.shared_counts import SharedCounts
-from trtllm_gateway.app.tracing import Tracer, TracingMiddleware
-from trtllm_gateway.app.version import VERSION
 from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.engine.protocol import EngineBase
-from trtllm_gateway.internal_api import disagg, encode, kv_events
 from trtllm_gateway.multimodal import create_pixel_budget
-from trtllm_gateway.openai import models
-from trtllm_gateway.openai.chat import router as chat
-from trtllm_gateway.openai.completions import router as completions
-from trtllm_gateway.openai.responses import router as responses
-from trtllm_gateway.openai.responses.store import ResponseStore, StoreLimits
+from trtllm_gateway.routers import health
+from trtllm_gateway.routers.anthropic.messages import router as messages
+from trtllm_gateway.routers.internal import disagg, encode, kv_events
+from trtllm_gateway.routers.openai import models
+from trtllm_gateway.routers.openai.chat import router as chat
+from trtllm_gateway.routers.openai.completions import router as completions
+from trtllm_gateway.routers.openai.responses import router as responses
+from trtllm_gateway.routers.openai.responses.store import ResponseStore, StoreLimits
+from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.auth import ApiKeyMiddleware, InternalKeyMiddleware, load_api_keys
+from trtllm_gateway.web.body_limit import BodyLimitMiddleware
+from trtllm_gateway.web.errors import install_error_handlers
+from trtllm_gateway.web.metrics import GatewayMetrics
+from trtllm_gateway.web.request_context import HEADER, RequestContextMiddleware
+from trtllm_gateway.web.shared_counts import SharedCounts
+from trtllm_gateway.web.tracing import Tracer, TracingMiddleware
+from trtllm_gateway.web.version import VERSION
 
 
 def create_app(

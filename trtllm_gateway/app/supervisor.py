@@ -3,9 +3,10 @@ and N API server processes that all accept on its one port.
 
     supervisor   binds the port once; a run directory (/tmp/gateway-core-*) holds the core's
     │            sockets, prometheus_client's multiprocess files and the shared admission counts
-    ├─ engine core        engine/core/process.py, its stdin the supervisor's lifeline as before
+    ├─ engine core        engine/transport/process.py, its stdin the supervisor's lifeline as before
     └─ api-server-0..N-1  app/api_server.py, each an app + GatewayServer over a CoreClient
-                          attached to the core (engine/core/attach.py, engine/core/pipes.py)
+                          attached to the core (engine/transport/attach.py,
+                          engine/transport/pipes.py)
 
 SIGTERM/SIGINT: forwarded to every server, which drains as a single gateway does (app/drain.py)
 and then detaches from the core; the core stops after the last (a second signal is forwarded too:
@@ -31,13 +32,13 @@ from types import FrameType
 
 from trtllm_gateway.app.api_server import ApiServerSpec
 from trtllm_gateway.app.server import ENGINE_DIED_EXIT, STARTUP_TIMEOUT_EXIT
-from trtllm_gateway.app.shared_counts import SharedCounts
 from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.config.server import ServerConfig
-from trtllm_gateway.engine.core.attach import Attachment, client_addresses
-from trtllm_gateway.engine.core.launch import Launcher
-from trtllm_gateway.engine.core.loop import SOCKET_DIR_PREFIX
 from trtllm_gateway.engine.factory import launch_shared_core
+from trtllm_gateway.engine.transport.attach import Attachment, client_addresses
+from trtllm_gateway.engine.transport.launch import Launcher
+from trtllm_gateway.engine.transport.loop import SOCKET_DIR_PREFIX
+from trtllm_gateway.web.shared_counts import SharedCounts
 
 logger = logging.getLogger(__name__)
 

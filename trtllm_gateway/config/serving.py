@@ -1,6 +1,6 @@
 """ServingConfig: the OpenAI layer's flags (logprobs, grammars, tool/reasoning parsers, template).
 
-openai/ and internal_api/ read it through app.deps (Serving.config), never from config/."""
+openai/ and routers/internal/ read it through app.deps (Serving.config), never from config/."""
 
 from __future__ import annotations
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from trtllm_gateway.config.disagg import encode_siblings
 from trtllm_gateway.config.gateway import GatewayConfig
-from trtllm_gateway.engine.core.attach import Attachment
-from trtllm_gateway.engine.core.launch import Launcher
-from trtllm_gateway.engine.core.loop import Addresses
 from trtllm_gateway.engine.logits.load import load_class
 from trtllm_gateway.engine.protocol import Engine, EngineBase
+from trtllm_gateway.engine.transport.attach import Attachment
+from trtllm_gateway.engine.transport.launch import Launcher
+from trtllm_gateway.engine.transport.loop import Addresses
 
 
 def create_engine(config: GatewayConfig, attach: Attachment | None = None) -> EngineBase:

@@ -121,7 +121,7 @@ class GenerateRequest:
     disagg: DisaggParams | None = None
     lora_name: str | None = None  # one of EngineInfo.lora_names, or the base model
     # W3C trace context (traceparent, tracestate) for the request's calls to siblings; empty
-    # unless --otlp-traces-endpoint is set (app/tracing.py).
+    # unless --otlp-traces-endpoint is set (web/tracing.py).
     trace_headers: tuple[tuple[str, str], ...] = ()
 
 
@@ -193,7 +193,7 @@ class EngineHealth:
 
 
 class EngineError(Exception):
-    """Base of every error an engine raises; app/errors.py maps them to HTTP."""
+    """Base of every error an engine raises; web/errors.py maps them to HTTP."""
 
 
 class InvalidRequestError(EngineError):

@@ -1,6 +1,6 @@
 """MediaError: every way an image can be refused, with the HTTP status the gateway maps it to.
 
-Tree (app/errors.py reads status_code, message, param, type and code; nothing here knows HTTP):
+Tree (web/errors.py reads status_code, message, param, type and code; nothing here knows HTTP):
 
     MediaError
     ├── MediaRejectedError   400  bad input: scheme, address, size, pixels, format, path

@@ -1,6 +1,7 @@
-"""EngineCore: the built-in engine's step loop state, driven by messages (engine/core/messages).
+"""EngineCore: the built-in engine's step loop state, driven by messages
+(engine/transport/messages).
 
-The one core of the built-in engine. It runs wherever engine/core/loop.py runs it (its own
+The one core of the built-in engine. It runs wherever engine/transport/loop.py runs it (its own
 process, or a thread of the gateway with --no-engine-process), never on the event loop:
 admission (validation, in-flight ids, images, the seeded generator, the grammar's matcher), KV
 import and export for disaggregation, the stream interval, and the health snapshot each batch
@@ -26,20 +27,6 @@ from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.builtin.vision.embedder import create_embedder
 from trtllm_gateway.engine.builtin.vision.placement import PlacedImage
 from trtllm_gateway.engine.builtin.wakeup import Wakeup
-from trtllm_gateway.engine.core.image_body import images_from_body
-from trtllm_gateway.engine.core.messages import (
-    Abort,
-    Add,
-    ExportKv,
-    Inbound,
-    OutputBatch,
-    Ready,
-    ReleaseKv,
-    Reply,
-    RequestError,
-    Stop,
-)
-from trtllm_gateway.engine.core.stream_interval import StreamInterval
 from trtllm_gateway.engine.guided.matcher import RowMatcher
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
 from trtllm_gateway.engine.logits.load import args_of
@@ -52,6 +39,20 @@ from trtllm_gateway.engine.protocol import (
     TokenEvent,
     Usage,
 )
+from trtllm_gateway.engine.transport.image_body import images_from_body
+from trtllm_gateway.engine.transport.messages import (
+    Abort,
+    Add,
+    ExportKv,
+    Inbound,
+    OutputBatch,
+    Ready,
+    ReleaseKv,
+    Reply,
+    RequestError,
+    Stop,
+)
+from trtllm_gateway.engine.transport.stream_interval import StreamInterval
 
 logger = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from functools import partial
 
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
-from trtllm_gateway.engine.core.attach import AttachedCore, Attachment
-from trtllm_gateway.engine.core.client import CoreClient
-from trtllm_gateway.engine.core.inproc import ThreadLauncher
-from trtllm_gateway.engine.core.launch import Launcher
-from trtllm_gateway.engine.core.loop import Addresses
-from trtllm_gateway.engine.core.process import ProcessLauncher
+from trtllm_gateway.engine.transport.attach import AttachedCore, Attachment
+from trtllm_gateway.engine.transport.client import CoreClient
+from trtllm_gateway.engine.transport.inproc import ThreadLauncher
+from trtllm_gateway.engine.transport.launch import Launcher
+from trtllm_gateway.engine.transport.loop import Addresses
+from trtllm_gateway.engine.transport.process import ProcessLauncher
 
 
 def core_factory(config: BuiltinConfig) -> partial[EngineCore]:

@@ -3,7 +3,7 @@
 The ImageEmbedder (its cache, an encode sibling over HTTP, the local encoder) is async; in the
 core process it runs on an event loop of its own thread. A finished encode is queued and the
 core's Wakeup set, so the step loop never waits for an encode and wakes as soon as one is
-ready. Pixels arrive as embed_wire "pixels" frames (engine/core/image_body.py).
+ready. Pixels arrive as embed_wire "pixels" frames (engine/transport/image_body.py).
 """
 
 from __future__ import annotations

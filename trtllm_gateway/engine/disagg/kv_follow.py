@@ -23,7 +23,7 @@ from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
 logger = logging.getLogger(__name__)
 
 NO_EVENTS_RETRY_S = 60.0
-# The stream's heartbeat comes every 5 s (internal_api/kv_events.py's default).
+# The stream's heartbeat comes every 5 s (routers/internal/kv_events.py's default).
 SILENCE_S = 30.0
 # A BlockStored line carries its blocks' token ids: a 128k-token prompt is about 1 MB.
 MAX_LINE_BYTES = 16 << 20

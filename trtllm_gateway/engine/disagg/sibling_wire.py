@@ -8,7 +8,7 @@
     GET    /internal/v1/kv-events   NDJSON: Hello, then Resync | Heartbeat | kv_events lines
     GET    /internal/v1/load        -> Load
 
-The serving side (internal_api/disagg.py, encode.py, kv_events.py) and the calling side
+The serving side (routers/internal/disagg.py, encode.py, kv_events.py) and the calling side
 (engine/disagg/remote_prefill.py, remote_encode.py, kv_follow.py) both use these structs, so the
 JSON
 is written and read in one place, as kv_wire.py and embed_wire.py do for the binary payloads.

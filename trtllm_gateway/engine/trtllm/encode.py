@@ -107,7 +107,8 @@ class TrtllmEncodeEngine(EncodeOnly):
         self._state = "dead"
 
     async def encode_images(self, body: bytes) -> list[bytes]:
-        """Pixel frames -> one embeds frame per image (ImageEncoding, internal_api/encode.py)."""
+        """Pixel frames -> one embeds frame per image (ImageEncoding,
+        routers/internal/encode.py)."""
         self._require_ready()
         frames = []
         for img in request_images(body):

@@ -1,7 +1,7 @@
 """EncodeEngine: the built-in engine in --mode encode (EPD): only the vision tower and projector.
 
 It serves no generation; sibling prefill/aggregated instances POST images to
-/internal/v1/encode (internal_api/encode.py) and get their embeddings back as embed_wire frames.
+/internal/v1/encode (routers/internal/encode.py) and get their embeddings back as embed_wire frames.
 """
 
 from __future__ import annotations

@@ -1,0 +1,135 @@
+"""Sibling-facing endpoints for disaggregated serving (engine/disagg/sibling_wire.py: the paths
+and messages).
+
+    GET    /internal/v1/info           model, KV layout and protocol version (compatibility check)
+    POST   /internal/v1/prefill        run a context phase; JSON with the first token(s) and the
+                                       disaggregated params (opaque_state base64)
+    GET    /internal/v1/kv/{id}        the held prompt KV as a binary kv_wire stream; frees it
+    DELETE /internal/v1/kv/{id}        free held KV without pulling it
+
+A client (the decode sibling) that disconnects during the prefill cancels it and frees its blocks.
+A prefill takes an admission slot like a generation request (503 + Retry-After when full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+
+from trtllm_gateway.engine.capabilities import KvHandoff
+from trtllm_gateway.engine.disagg import sibling_wire as wire
+from trtllm_gateway.engine.guided.compile import check_guided
+from trtllm_gateway.engine.protocol import EngineError, GenerateRequest, InvalidRequestError
+from trtllm_gateway.routers.openai import validation
+from trtllm_gateway.web import request_context
+from trtllm_gateway.web.cancel import cancel_on_disconnect
+from trtllm_gateway.web.deps import ServingDep
+from trtllm_gateway.web.errors import BadRequestError, NotFoundError
+
+CHUNK = 1 << 20
+JSON = "application/json"
+
+router = APIRouter(tags=["disaggregation"], include_in_schema=False)
+
+
+def _answer(msg: msgspec.Struct) -> Response:
+    return Response(wire.encode(msg), media_type=JSON)
+
+
+def _prefill_body(raw: bytes) -> wire.PrefillBody:
+    """The sibling's body, or a 400 whose param is the field at fault, as for public requests."""
+    try:
+        return wire.decode(raw, wire.PrefillBody)
+    except wire.SiblingWireError as e:
+        raise BadRequestError(str(e), param=e.field) from None
+
+
+@router.get(wire.INFO_PATH)
+async def info(serving: ServingDep) -> Response:
+    i = serving.info
+    return _answer(
+        wire.SiblingInfo(
+            protocol_version=wire.PROTOCOL_VERSION,
+            model=i.model_id,
+            kv_layout=i.kv_layout,
+            engine=i.engine,
+            mode=i.mode,
+        )
+    )
+
+
+@router.post(wire.PREFILL_PATH)
+async def prefill(request: Request, serving: ServingDep) -> Response:
+    body = _prefill_body(await request.body())
+    if body.protocol_version != wire.PROTOCOL_VERSION:
+        raise BadRequestError(
+            f"sibling protocol version {body.protocol_version} is not {wire.PROTOCOL_VERSION}",
+            param="protocol_version",
+        )
+    try:
+        sampling = body.sampling_params()
+    except wire.SiblingWireError as e:
+        raise BadRequestError(str(e), param="sampling") from None
+    req = GenerateRequest(
+        request_id=body.request_id,
+        prompt_token_ids=tuple(body.prompt_token_ids),
+        sampling=validation.sibling_sampling(
+            sampling,
+            validation.vocab_bound(serving.info.vocab_size, serving.tokenizer.vocab_size),
+            serving.config.max_logprobs,
+        ),
+    )
+    guided = req.sampling.guided
+    if guided is not None:  # the public routes' bound and checks hold for a sibling too
+        try:
+            await asyncio.to_thread(
+                check_guided, guided, serving.config.max_grammar_bytes, param="sampling"
+            )
+        except InvalidRequestError as e:
+            raise BadRequestError(str(e), param="sampling") from None
+    # A context phase is engine work like any request: it counts against admission, so an
+    # overloaded prefill instance answers 503 and the decode sibling prefills locally.
+    slot = serving.admission.reserve(1)
+    try:
+        res = await cancel_on_disconnect(request.receive, serving.engine.prefill(req))
+    finally:
+        slot.release()
+    ctx = request_context.current()
+    if ctx is not None:  # the request's log line and trace span report the context phase,
+        ctx.request_id = req.request_id  # under the decode side's id for it
+        ctx.model = serving.model_name
+        ctx.prompt_tokens = res.prompt_tokens
+        ctx.completion_tokens = len(res.first_token_ids)
+    return _answer(wire.PrefillAnswer.of(res))
+
+
+def _handoff(serving: ServingDep) -> KvHandoff:
+    if not isinstance(serving.engine, KvHandoff):
+        raise NotFoundError("this engine moves KV itself; there is nothing to pull")
+    return serving.engine
+
+
+@router.get(wire.KV_PATH)
+async def pull_kv(ctx_request_id: str, serving: ServingDep) -> Response:
+    try:
+        blob = await _handoff(serving).pull_kv(ctx_request_id)
+    except EngineError as e:
+        raise NotFoundError(str(e), param="ctx_request_id") from None
+
+    async def chunks() -> AsyncIterator[bytes]:
+        view = memoryview(blob)
+        for i in range(0, len(view), CHUNK):
+            yield bytes(view[i : i + CHUNK])
+
+    headers = {"Content-Length": str(len(blob))}
+    return StreamingResponse(chunks(), media_type="application/octet-stream", headers=headers)
+
+
+@router.delete(wire.KV_PATH)
+async def release_kv(ctx_request_id: str, serving: ServingDep) -> Response:
+    _handoff(serving).release_kv(ctx_request_id)
+    return _answer(wire.KvReleased())

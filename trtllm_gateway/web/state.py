@@ -1,0 +1,66 @@
+"""State: everything that lives for the process, created by the lifespan and read through deps."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+
+import httpx
+
+from trtllm_gateway.config.gateway import GatewayConfig
+from trtllm_gateway.engine.protocol import EngineBase, EngineHealth
+from trtllm_gateway.engine.tokenizer import Tokenizer
+from trtllm_gateway.multimodal import MediaCache
+from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.metrics import GatewayMetrics
+
+
+@dataclass
+class State:
+    config: GatewayConfig
+    engine: EngineBase
+    metrics: GatewayMetrics
+    http: httpx.AsyncClient
+    tokenizer: Tokenizer | None = None
+    # The local directory the tokenizer came from: /v1/models `root`, as vLLM puts the model
+    # path there, so clients that tokenize locally (AIPerf, guidellm) can find it.
+    tokenizer_path: str | None = None
+    start_error: str | None = None
+    draining: bool = False
+    # Decoded images by content hash (multimodal/); its counters are metrics.media.
+    media_cache: MediaCache = field(default_factory=lambda: MediaCache(0))
+    _model_name: str | None = field(default=None, repr=False)
+    _stopping: asyncio.Future[None] | None = field(default=None, repr=False)
+
+    @property
+    def admission(self) -> Admission:
+        return self.metrics.admission
+
+    async def stop_engine(self) -> None:
+        """Stop the engine once (drain and lifespan both call this); aborts what is in flight."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self.engine.stop())
+        await asyncio.shield(self._stopping)
+
+    @property
+    def model_name(self) -> str:
+        """The served name: --served-model-name, else the engine's model id once it is known."""
+        if self.config.engine.served_model_name:
+            return self.config.engine.served_model_name
+        if self._model_name is None:
+            info = getattr(self.engine, "info", None)
+            if info is None:
+                return self.config.engine.model
+            self._model_name = info.model_id
+        return self._model_name
+
+    def health(self) -> EngineHealth:
+        """Engine health folded with the gateway's own: not ready until the tokenizer is loaded."""
+        if self.start_error is not None:
+            return EngineHealth(state="dead", detail=self.start_error)
+        health = self.engine.health()
+        if self.draining and health.state == "ready":
+            return replace(health, state="draining", detail="")
+        if health.state == "ready" and self.tokenizer is None:
+            return EngineHealth(state="loading", detail="loading the tokenizer")
+        return health
