@@ -10,8 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trtllm_gateway.config.mode import Mode
+
 DEFAULT_MODEL = "default"
-Mode = Literal["aggregated", "prefill", "decode", "encode"]
 
 
 class EngineConfig(BaseModel):

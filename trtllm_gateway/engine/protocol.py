@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+from trtllm_gateway.config.mode import Mode
+
 if TYPE_CHECKING:  # what the app reads besides serving: engine/capabilities.py
     from trtllm_gateway.engine.capabilities import EngineExtras
 
 FinishReason = Literal["stop", "length", "abort"]
 EngineState = Literal["loading", "ready", "draining", "dead"]
-Mode = Literal["aggregated", "prefill", "decode", "encode"]
 
 
 @dataclass(frozen=True, slots=True)

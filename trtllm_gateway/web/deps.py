@@ -7,8 +7,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from trtllm_gateway.config.mode import Mode
 from trtllm_gateway.config.serving import ServingConfig
-from trtllm_gateway.engine.protocol import Engine, EngineBase, EngineInfo, Mode
+from trtllm_gateway.engine.protocol import Engine, EngineBase, EngineInfo
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.web.admission import Admission
 from trtllm_gateway.web.errors import BadRequestError, ServiceUnavailableError
