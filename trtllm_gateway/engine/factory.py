@@ -47,8 +47,8 @@ def preflight(config: GatewayConfig) -> None:
     if engine.engine == "builtin" and (engine.quantization == "fp8" or engine.fp8_kv):
         # --device auto resolved here as the loader will: FP8 on a CPU or an older GPU fails
         # now, not as a /health 503 after the server started.
+        from trtllm_gateway.engine.builtin.device_dtype import pick_device
         from trtllm_gateway.engine.builtin.fp8 import unsupported
-        from trtllm_gateway.engine.builtin.placement import pick_device
 
         reason = unsupported(pick_device(engine.device))
         if reason is not None:

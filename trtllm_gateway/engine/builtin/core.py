@@ -25,7 +25,7 @@ from trtllm_gateway.engine.builtin.parts import EngineParts, assemble
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.builtin.vision.embedder import create_embedder
-from trtllm_gateway.engine.builtin.vision.placement import PlacedImage
+from trtllm_gateway.engine.builtin.vision.placeholders import PlacedImage
 from trtllm_gateway.engine.builtin.wakeup import Wakeup
 from trtllm_gateway.engine.guided.matcher import RowMatcher
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
