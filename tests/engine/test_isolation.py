@@ -62,7 +62,7 @@ async def test_sampling_failure_fails_only_its_own_request(
     make_engine: EngineFactory, chat_prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With admission checks off, the attack reaches the sampler in the victims' step."""
-    import trtllm_gateway.engine.builtin.admission as admission
+    import trtllm_gateway.engine.builtin.sequence_builder as sequence_builder
 
     engine = await make_engine()
     prompts = [tuple(p) for p in chat_prompts[:4]]
@@ -70,7 +70,7 @@ async def test_sampling_failure_fails_only_its_own_request(
         _tokens(await collect(engine, GenerateRequest(f"a{i}", p, greedy(16))))
         for i, p in enumerate(prompts[1:4])
     ]
-    monkeypatch.setattr(admission, "check_token_ids", lambda req, vocab: None)
+    monkeypatch.setattr(sequence_builder, "check_token_ids", lambda req, vocab: None)
     for _ in range(2):
         results = await _attack_with_victims(engine, prompts)
         assert isinstance(results[0], InvalidRequestError)

@@ -120,7 +120,7 @@ async def test_constrained_rows_conform_beside_free_rows(engine: CoreClient) -> 
 async def test_bias_allowed_ids_and_isolation_on_cuda(
     engine: CoreClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trtllm_gateway.engine.builtin.admission as admission
+    import trtllm_gateway.engine.builtin.sequence_builder as sequence_builder
 
     prompt = tuple(range(200, 220))
     sp = SamplingParams(max_tokens=4, temperature=0.0, logit_bias=((777, 100.0),))
@@ -132,7 +132,7 @@ async def test_bias_allowed_ids_and_isolation_on_cuda(
         for i in range(3)
     ]
     alone = [await _run(engine, v) for v in victims]
-    monkeypatch.setattr(admission, "check_token_ids", lambda req, vocab: None)
+    monkeypatch.setattr(sequence_builder, "check_token_ids", lambda req, vocab: None)
     attack = GenerateRequest(
         "attack", prompt, SamplingParams(max_tokens=8, stop_token_ids=(-100000,), min_tokens=2)
     )

@@ -1,9 +1,9 @@
-"""Admission: a request checked against the engine's limits, turned into a Sequence.
+"""SequenceBuilder: a GenerateRequest checked against the engine's limits, turned into a Sequence.
 
-What EngineCore refuses and how it builds a Sequence: the prompt and max_tokens against the
-context and the KV cache, the token ids against the vocabulary, each request's seeded generator,
-and a decode-side request's sibling KV and first token. The core itself checks in-flight ids and
-images.
+What EngineCore refuses at admission and how it builds a Sequence: the prompt and max_tokens
+against the context and the KV cache, the token ids against the vocabulary, each request's seeded
+generator, and a decode-side request's sibling KV and first token. The core itself checks
+in-flight ids and images.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from trtllm_gateway.engine.protocol import (
 )
 
 
-class Admission:
+class SequenceBuilder:
     def __init__(
         self, info: EngineInfo, blocks: BlockManager, device: torch.device, seed: int
     ) -> None:
@@ -37,7 +37,7 @@ class Admission:
         self.device = device
         self._rng = random.Random(seed)  # a request without a seed draws its own from here
 
-    def sequence(self, req: GenerateRequest) -> Sequence:
+    def build(self, req: GenerateRequest) -> Sequence:
         """The request's Sequence, or the EngineError that says why it can never run."""
         info, blocks = self.info, self.blocks
         n, sp = len(req.prompt_token_ids), req.sampling
