@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from tests.api.ops_helpers import CHAT
+from tests.fake_engine import FakeEngine
 from tests.otlp_receiver import OtlpReceiver
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import GenerateRequest
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -18,8 +18,8 @@ DEFAULT_MODEL = "default"
 class EngineConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    engine: Literal["builtin", "trtllm", "fake"] = Field(
-        "builtin", description="builtin (PyTorch), trtllm (TensorRT-LLM) or fake (tests)."
+    engine: Literal["builtin", "trtllm"] = Field(
+        "builtin", description="builtin (PyTorch) or trtllm (TensorRT-LLM)."
     )
     mode: Mode = Field("aggregated", description="Role in disaggregated serving (see Modes).")
     model: str = Field(
