@@ -8,7 +8,7 @@ tensors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -235,6 +235,25 @@ class RequestFailedError(EngineError):
 
 class RemotePrefillFailedError(EngineError):
     """A sibling prefill failed and local fallback was not allowed."""
+
+
+def check_token_ids(ids: Iterable[int], vocab: int, param: str) -> tuple[int, ...]:
+    """The ids as a tuple, or InvalidRequestError naming `param` at the first id outside
+    [0, vocab).
+
+    The one check of the token ids a request gives (a prompt as ids, stop_token_ids, logit_bias,
+    allowed_token_ids), made once where the request enters: the HTTP routes
+    (routers/openai/validation.py, routers/internal/disagg.py), and the built-in engine's door
+    for callers that come without them (engine/builtin/sequence_builder.py). The step trusts it:
+    on CUDA an id past the logits is a device assert that ends the process, not an exception.
+    """
+    out = tuple(ids)
+    bad = next((t for t in out if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"{param} has token id {bad} outside the vocabulary [0, {vocab}).", param=param
+        )
+    return out
 
 
 @runtime_checkable
