@@ -69,7 +69,6 @@ async def test_family_over_http(
     settings = Settings(
         model=str(tokenizer_dir),
         served_model_name=MODEL,
-        engine="fake",
         chat_template=str(TEMPLATES / template),
         reasoning_parser=reasoning,  # type: ignore[arg-type]
     )
@@ -103,7 +102,6 @@ async def test_forced_call_under_mistral_has_an_id_its_template_takes_back(
     settings = Settings(
         model=str(tokenizer_dir),
         served_model_name=MODEL,
-        engine="fake",
         chat_template=str(TEMPLATES / "mistral_parallel.jinja"),
     )
     args = '{"city": "Paris"}'
