@@ -242,10 +242,11 @@ def check_token_ids(ids: Iterable[int], vocab: int, param: str) -> tuple[int, ..
     [0, vocab).
 
     The one check of the token ids a request gives (a prompt as ids, stop_token_ids, logit_bias,
-    allowed_token_ids), made once where the request enters: the HTTP routes
-    (routers/openai/validation.py, routers/internal/disagg.py), and the built-in engine's door
-    for callers that come without them (engine/builtin/sequence_builder.py). The step trusts it:
-    on CUDA an id past the logits is a device assert that ends the process, not an exception.
+    allowed_token_ids), made where the request enters: the HTTP routes, before any work
+    (routers/openai/validation.py, for the sibling API's sampling too), and an engine's door for
+    callers that come without them (engine/builtin/sequence_builder.py; TensorRT-LLM's
+    embedding_bias). The step trusts it: on CUDA an id past the logits is a device assert that
+    ends the process, not an exception.
     """
     out = tuple(ids)
     bad = next((t for t in out if not 0 <= t < vocab), None)
