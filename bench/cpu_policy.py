@@ -39,7 +39,7 @@ def compare(batch: int, rounds: int, steps: int, packed: str) -> dict[str, Any]:
     st = parts.stepper
     sp = SamplingParams(max_tokens=2 * rounds * steps + 8, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(random_prompts(batch, 128, parts.info.vocab_size, 0)):
-        st.add(parts.admission.sequence(GenerateRequest(f"s{i}", p, sp)))
+        st.add(parts.sequences.build(GenerateRequest(f"s{i}", p, sp)))
     for _ in range(3):  # prefill, then warm decode steps
         st.step()
     policy = cpu_threads.ThreadPolicy(_Pinned())

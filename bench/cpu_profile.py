@@ -70,7 +70,7 @@ def profile(batch: int, steps: int, repeats: int, packed: str) -> dict[str, Any]
     total = 3 + steps * (repeats + 1)
     sp = SamplingParams(max_tokens=total + 8, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(random_prompts(batch, 128, parts.info.vocab_size, 0)):
-        st.add(parts.admission.sequence(GenerateRequest(f"s{i}", p, sp)))
+        st.add(parts.sequences.build(GenerateRequest(f"s{i}", p, sp)))
     for _ in range(3):  # prefill, then warm decode steps
         st.step()
     runs = []

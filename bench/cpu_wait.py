@@ -65,7 +65,7 @@ def worker(batch: int, thread_policy: str) -> None:
     st = parts.stepper
     sp = SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(random_prompts(batch, 128, parts.info.vocab_size, 0)):
-        st.add(parts.admission.sequence(GenerateRequest(f"s{i}", p, sp)))
+        st.add(parts.sequences.build(GenerateRequest(f"s{i}", p, sp)))
     for _ in range(3):
         st.step()
     if thread_policy != "auto":

@@ -21,9 +21,10 @@ import time
 from typing import Any
 
 from bench.stats import summarize
+from tests.in_thread import thread_core
 from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
-from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
+from trtllm_gateway.engine.builtin.core_launch import core_client
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 from trtllm_gateway.engine.transport.client import CoreClient
 

@@ -13,9 +13,9 @@ import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import EngineInfo
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
@@ -76,7 +76,6 @@ def settings(tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     return Settings(
         model=str(tokenizer_dir),
         served_model_name=MODEL,
-        engine="fake",
         max_model_len=MAX_MODEL_LEN,
     )
 

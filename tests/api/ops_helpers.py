@@ -12,10 +12,10 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
 from tests.conftest import MODEL, wait_ready
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.app.drain import Drain
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.web.state import State
 
 CHAT: dict[str, Any] = {

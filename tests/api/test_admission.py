@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from tests.api.ops_helpers import CHAT, drain_of, serve, wait_until
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import GenerateRequest, OverloadedError, PrefillResult
 
 

@@ -17,8 +17,8 @@ import pytest
 from fastapi import FastAPI
 
 from tests.conftest import MODEL
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
 REPLY = "<think>\nThe capital of France.\n</think>\n\nParis."

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.api.ops_helpers import CHAT, serve
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 
 KEYS = ["sk-one", "sk-two"]
 

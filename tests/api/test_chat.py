@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from tests.api.ops_helpers import post_then_leave
 from tests.api.sse_helpers import chat_text, parse_sse
 from tests.conftest import MAX_MODEL_LEN, MODEL, REPLY
-from trtllm_gateway.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.engine.protocol import OverloadedError
 from trtllm_gateway.engine.tokenizer import Tokenizer
 

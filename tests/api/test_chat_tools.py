@@ -13,8 +13,8 @@ import pytest
 from tests.api.agent_helpers import TIME, WEATHER, message_view, reassemble, without_ids
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import MAX_MODEL_LEN, MODEL
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
 URL = "/v1/chat/completions"

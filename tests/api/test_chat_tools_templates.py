@@ -15,6 +15,7 @@ from asgi_lifespan import LifespanManager
 from tests.api.agent_helpers import message_view, reassemble, without_ids
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import MODEL, wait_ready
+from tests.fake_engine import FakeEngine
 from tests.unit.test_tool_parsers_templates import (
     FAMILIES,
     TEMPLATES,
@@ -24,7 +25,6 @@ from tests.unit.test_tool_parsers_templates import (
 )
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import EngineInfo
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
@@ -69,7 +69,6 @@ async def test_family_over_http(
     settings = Settings(
         model=str(tokenizer_dir),
         served_model_name=MODEL,
-        engine="fake",
         chat_template=str(TEMPLATES / template),
         reasoning_parser=reasoning,  # type: ignore[arg-type]
     )
@@ -103,7 +102,6 @@ async def test_forced_call_under_mistral_has_an_id_its_template_takes_back(
     settings = Settings(
         model=str(tokenizer_dir),
         served_model_name=MODEL,
-        engine="fake",
         chat_template=str(TEMPLATES / "mistral_parallel.jinja"),
     )
     args = '{"city": "Paris"}'

@@ -9,7 +9,7 @@ import pytest
 
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import MODEL, REPLY
-from trtllm_gateway.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
 URL = "/v1/completions"

@@ -4,8 +4,8 @@ X-Request-Id is exposed to browsers."""
 from __future__ import annotations
 
 from tests.api.ops_helpers import CHAT, serve
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 
 ORIGIN = "https://app.example"
 PREFLIGHT = {

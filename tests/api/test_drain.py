@@ -7,8 +7,8 @@ import asyncio
 import json
 
 from tests.api.ops_helpers import CHAT, drain_of, serve, wait_until
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 
 LONG = {**CHAT, "stream": True, "max_tokens": 200, "ignore_eos": True}
 

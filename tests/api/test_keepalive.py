@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from tests.api.ops_helpers import CHAT, serve
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import EngineDeadError
 
 STREAM = {**CHAT, "stream": True, "max_tokens": 3}

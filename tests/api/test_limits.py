@@ -12,8 +12,8 @@ import pytest
 
 from tests.api.ops_helpers import CHAT, serve
 from tests.conftest import MAX_MODEL_LEN, MODEL
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.routers.openai.schemas import ChatCompletionRequest
 from trtllm_gateway.routers.openai.validation import MAX_CHARS_PER_TOKEN, check_values

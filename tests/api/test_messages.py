@@ -20,8 +20,8 @@ from fastapi import FastAPI
 
 from tests.api.ops_helpers import serve
 from tests.conftest import MAX_MODEL_LEN, MODEL, REPLY
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import EngineInfo
 from trtllm_gateway.engine.tokenizer import Tokenizer
 

@@ -6,9 +6,9 @@ import httpx
 from asgi_lifespan import LifespanManager
 
 from tests.conftest import MODEL, wait_ready
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 
 LABEL = f'model_name="{MODEL}"'
 

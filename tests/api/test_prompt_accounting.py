@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.ops_helpers import post_then_leave
 from tests.conftest import MODEL
-from trtllm_gateway.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.engine.protocol import EngineDeadError, OverloadedError
 
 PROMPT = list(range(5, 16))  # 11 token ids, sent as they are

@@ -12,8 +12,8 @@ import pytest
 from tests.api.agent_helpers import message_view, reassemble
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import MODEL
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.tokenizer import Tokenizer
 
 URL = "/v1/chat/completions"

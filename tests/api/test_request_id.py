@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.api.ops_helpers import CHAT
-from trtllm_gateway.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.web.logs import JsonFormatter, RequestIdFilter
 
 

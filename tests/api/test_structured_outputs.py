@@ -14,8 +14,8 @@ import pytest
 from tests.api.agent_helpers import WEATHER
 from tests.api.sse_helpers import parse_sse
 from tests.conftest import CHATML, MODEL
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import GuidedDecoding
 from trtllm_gateway.engine.tokenizer import Tokenizer
 

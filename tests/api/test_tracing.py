@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from tests.api.ops_helpers import CHAT
+from tests.fake_engine import FakeEngine
 from tests.otlp_receiver import OtlpReceiver
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import GenerateRequest
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -101,7 +101,7 @@ def test_off_by_default_imports_no_sdk() -> None:
         "from trtllm_gateway.app.main import create_app\n"
         "from trtllm_gateway.config.settings import Settings\n"
         "from trtllm_gateway.routers.openai import run\n"
-        "create_app(Settings(engine='fake').parts())\n"
+        "create_app(Settings().parts())\n"
         "bad = [m for m in sys.modules if m.startswith(('opentelemetry.sdk', "
         "'opentelemetry.exporter'))]\n"
         "assert not bad, bad\n"

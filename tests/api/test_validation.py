@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import MODEL
-from trtllm_gateway.engine.fake import FakeEngine
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.engine.protocol import GenerateRequest, TokenEvent
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.routers.openai.validation import (

@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.configs import builtin_config
+from tests.in_thread import thread_core
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
-from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
+from trtllm_gateway.engine.builtin.core_launch import core_client
 from trtllm_gateway.engine.builtin.cpu_kernels import build
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
 from trtllm_gateway.engine.model_source import resolve_model
@@ -102,31 +103,28 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
     for e, config in engines:
         # No block may leak: everything finished or aborted has returned its blocks. The health
         # a batch carried may be a step old: the core's own is not.
-        h = core_of(e).health() if e.health().state == "ready" else e.health()
+        h = thread_core(e).health() if e.health().state == "ready" else e.health()
         assert h.running == 0 and h.waiting == 0, h
         assert h.kv_usage == 0.0 or config.engine.enable_prefix_caching, h
         await e.stop()
 
 
-core_of = thread_core
-
-
 def loaded_model(engine: CoreClient) -> Any:
     """The model module the core loaded (its layers, PackedLinear or nn.Linear)."""
-    loaded = core_of(engine).loaded
+    loaded = thread_core(engine).loaded
     assert loaded is not None
     return loaded.model
 
 
 def embedder_of(engine: CoreClient) -> ImageEmbedder:
-    vision = core_of(engine)._vision
+    vision = thread_core(engine)._vision
     assert vision is not None
     return vision.embedder
 
 
 async def on_vision_loop(engine: CoreClient, coro: Coroutine[Any, Any, T]) -> T:
     """Await coro on the core's vision thread, where its embedder lives."""
-    vision = core_of(engine)._vision
+    vision = thread_core(engine)._vision
     assert vision is not None
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, vision.loop))
 

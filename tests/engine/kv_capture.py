@@ -14,7 +14,7 @@ from typing import Any
 
 import zmq
 
-from tests.engine.conftest import core_of
+from tests.in_thread import thread_core
 from trtllm_gateway.engine.builtin.block_manager import block_hash
 from trtllm_gateway.engine.kv_events.log import signed64
 from trtllm_gateway.engine.kv_events.wire import KvEventsFormat, unsigned64
@@ -80,7 +80,7 @@ class Capture:
 
 def engine_cache(engine: CoreClient, fmt: str) -> dict[int, bytes]:
     """The engine's cached blocks: the hash a format carries -> the engine's full block hash."""
-    blocks = core_of(engine).loaded.blocks  # type: ignore[union-attr]
+    blocks = thread_core(engine).loaded.blocks  # type: ignore[union-attr]
     conv = (lambda h: h) if fmt == "dynamo" else unsigned64
     return {conv(signed64(full)): full for full in blocks.cached}
 

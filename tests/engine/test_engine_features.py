@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from tests.engine.conftest import EngineFactory, collect, core_of, greedy
+from tests.engine.conftest import EngineFactory, collect, greedy
+from tests.in_thread import thread_core
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     GenerateRequest,
@@ -205,4 +206,4 @@ async def test_stream_interval_batches_tokens_same_output(
         assert [len(ev.token_ids) for ev in events] == [1, 5, 5, 5, 5, 2]
         assert [lp.token_id for ev in events for lp in ev.logprobs or ()] == want
         assert events[-1].finish_reason == "length"
-    assert core_of(five)._interval.holding == 0
+    assert thread_core(five)._interval.holding == 0

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.engine.conftest import EngineFactory, collect, core_of, greedy
+from tests.engine.conftest import EngineFactory, collect, greedy
+from tests.in_thread import thread_core
 from trtllm_gateway.engine.protocol import GenerateRequest, GuidedDecoding, InvalidRequestError
 
 
@@ -43,7 +44,7 @@ async def test_abort_while_the_grammar_builds(
     make_engine: EngineFactory, chat_prompts: list[list[int]]
 ) -> None:
     engine = await make_engine()
-    core = core_of(engine)
+    core = thread_core(engine)
     prompt = tuple(chat_prompts[0])
     bomb = greedy(4, guided=GuidedDecoding("regex", "r{1000000}"))
     consumer = asyncio.ensure_future(collect(engine, GenerateRequest("gone", prompt, bomb)))
@@ -62,7 +63,7 @@ async def test_plain_requests_step_while_a_bomb_compiles(
     make_engine: EngineFactory, chat_prompts: list[list[int]]
 ) -> None:
     engine = await make_engine()
-    core = core_of(engine)
+    core = thread_core(engine)
     prompt = tuple(chat_prompts[1])
     bombs = [
         asyncio.ensure_future(
@@ -85,7 +86,7 @@ async def test_a_constraint_built_before_skips_the_worker(
     make_engine: EngineFactory, chat_prompts: list[list[int]]
 ) -> None:
     engine = await make_engine()
-    core = core_of(engine)
+    core = thread_core(engine)
     worker = core._guided
     assert worker is not None
     submitted: list[str] = []

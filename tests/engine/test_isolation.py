@@ -1,4 +1,8 @@
-"""Issue 15: one request's bad sampling params never fail the other requests of its step."""
+"""Issue 15: one request's bad sampling params never fail the other requests of its step.
+
+Bad ids are refused at the engine's door (engine/builtin/sequence_builder.py) and never reach a
+step; a row that fails inside the step (here its grammar matcher raising) fails alone.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,13 @@ from typing import Any
 import pytest
 
 from tests.engine.conftest import EngineFactory, collect, greedy
-from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError
+from trtllm_gateway.engine.guided.matcher import RowMatcher
+from trtllm_gateway.engine.protocol import (
+    GenerateRequest,
+    GuidedDecoding,
+    InvalidRequestError,
+    SamplingParams,
+)
 from trtllm_gateway.engine.transport.client import CoreClient
 
 ATTACK = greedy(8, stop_token_ids=(-100000,), min_tokens=2)
@@ -18,8 +28,10 @@ def _tokens(events: list[Any]) -> list[int]:
     return [t for ev in events for t in ev.token_ids]
 
 
-async def _attack_with_victims(engine: CoreClient, prompts: list[tuple[int, ...]]) -> list[Any]:
-    attack = GenerateRequest("attack", prompts[0], ATTACK)
+async def _attack_with_victims(
+    engine: CoreClient, prompts: list[tuple[int, ...]], attack_sp: SamplingParams = ATTACK
+) -> list[Any]:
+    attack = GenerateRequest("attack", prompts[0], attack_sp)
     victims = [GenerateRequest(f"v{i}", p, greedy(16)) for i, p in enumerate(prompts[1:4])]
     return await asyncio.gather(
         collect(engine, attack), *(collect(engine, v) for v in victims), return_exceptions=True
@@ -61,19 +73,23 @@ async def test_out_of_range_ids_refused_at_admission(
 async def test_sampling_failure_fails_only_its_own_request(
     make_engine: EngineFactory, chat_prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With admission checks off, the attack reaches the sampler in the victims' step."""
-    import trtllm_gateway.engine.builtin.admission as admission
-
+    """The attack's row raises in the sampler, in the victims' step (its grammar matcher,
+    made to fail: the ids that used to stand in for it never pass the engine's door now)."""
     engine = await make_engine()
     prompts = [tuple(p) for p in chat_prompts[:4]]
     alone = [
         _tokens(await collect(engine, GenerateRequest(f"a{i}", p, greedy(16))))
         for i, p in enumerate(prompts[1:4])
     ]
-    monkeypatch.setattr(admission, "check_token_ids", lambda req, vocab: None)
+
+    def sync(self: RowMatcher, token_ids: list[int], prompt_len: int) -> None:
+        raise ValueError("injected matcher failure")
+
+    monkeypatch.setattr(RowMatcher, "sync", sync)
+    attack = greedy(8, guided=GuidedDecoding("regex", "[a-z ]+"))
     for _ in range(2):
-        results = await _attack_with_victims(engine, prompts)
+        results = await _attack_with_victims(engine, prompts, attack)
         assert isinstance(results[0], InvalidRequestError)
-        assert "sampling failed" in str(results[0]) and "-100000" in str(results[0])
+        assert "sampling failed" in str(results[0]) and "injected" in str(results[0])
         assert [_tokens(r) for r in results[1:]] == alone
     assert engine.health().state == "ready"

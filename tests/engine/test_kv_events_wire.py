@@ -17,8 +17,9 @@ import msgspec
 import pytest
 import zmq
 
-from tests.engine.conftest import EngineFactory, collect, core_of, greedy
+from tests.engine.conftest import EngineFactory, collect, greedy
 from tests.engine.kv_capture import TOPIC, CacheView, Capture, Frames, check_against_engine
+from tests.in_thread import thread_core
 from tests.upstream import (
     dynamo_trtllm_publisher,
     dynamo_zmq_wire,
@@ -100,7 +101,7 @@ async def test_every_format_decodes_with_its_readers_into_the_engines_cache(
         assert BlockRemoved in kinds and BlockStored in kinds  # evictions happened
         assert check_against_engine(view, engine, "vllm") >= 4
         # Cached is not held: idle, no block is active (/metrics kv_active_blocks, /load).
-        health = core_of(engine).health()
+        health = thread_core(engine).health()
         assert health.kv_active_blocks == 0 and health.kv_total_blocks == blocks
 
         # vLLM's first array_like structs and its example subscriber read the array layout.

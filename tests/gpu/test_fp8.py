@@ -13,9 +13,10 @@ import torch
 from tests.configs import builtin_config
 from tests.gpu.test_greedy_equivalence import shape_file
 from tests.gpu.test_kernels import CUDA, paged_cache, ref_attention, rel_err, tables
+from tests.in_thread import thread_core
 from tests.unit.test_fp8_math import check_kv_handoff
 from trtllm_gateway.engine.builtin import fp8
-from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
+from trtllm_gateway.engine.builtin.core_launch import core_client
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 from trtllm_gateway.engine.transport.client import CoreClient
 

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from tests.configs import builtin_config
-from trtllm_gateway.engine.builtin.core_launch import core_client, thread_core
+from tests.in_thread import thread_core
+from trtllm_gateway.engine.builtin.core_launch import core_client
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 from trtllm_gateway.engine.transport.client import CoreClient
 

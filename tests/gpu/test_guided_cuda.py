@@ -20,7 +20,7 @@ import torch
 
 from tests.configs import builtin_config
 from trtllm_gateway.engine.builtin.core_launch import core_client
-from trtllm_gateway.engine.guided.matcher import apply_bitmask
+from trtllm_gateway.engine.guided.matcher import RowMatcher, apply_bitmask
 from trtllm_gateway.engine.protocol import (
     GenerateRequest,
     GuidedDecoding,
@@ -120,8 +120,6 @@ async def test_constrained_rows_conform_beside_free_rows(engine: CoreClient) -> 
 async def test_bias_allowed_ids_and_isolation_on_cuda(
     engine: CoreClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trtllm_gateway.engine.builtin.admission as admission
-
     prompt = tuple(range(200, 220))
     sp = SamplingParams(max_tokens=4, temperature=0.0, logit_bias=((777, 100.0),))
     assert (await _run(engine, GenerateRequest("bias", prompt, sp)))[0] == [777] * 4
@@ -132,10 +130,15 @@ async def test_bias_allowed_ids_and_isolation_on_cuda(
         for i in range(3)
     ]
     alone = [await _run(engine, v) for v in victims]
-    monkeypatch.setattr(admission, "check_token_ids", lambda req, vocab: None)
-    attack = GenerateRequest(
-        "attack", prompt, SamplingParams(max_tokens=8, stop_token_ids=(-100000,), min_tokens=2)
-    )
+
+    # The attack's row raises in the sampler (its matcher, made to fail): out-of-range ids, which
+    # used to stand in for it, never pass the engine's door (engine/builtin/sequence_builder.py).
+    def sync(self: RowMatcher, token_ids: list[int], prompt_len: int) -> None:
+        raise ValueError("injected matcher failure")
+
+    monkeypatch.setattr(RowMatcher, "sync", sync)
+    guided = GuidedDecoding("regex", "[a-z ]+")
+    attack = GenerateRequest("attack", prompt, SamplingParams(max_tokens=8, guided=guided))
     got = await asyncio.gather(
         _run(engine, attack), *(_run(engine, v) for v in victims), return_exceptions=True
     )

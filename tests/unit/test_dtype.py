@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtllm_gateway.engine.builtin.placement import pick_dtype
+from trtllm_gateway.engine.builtin.device_dtype import pick_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

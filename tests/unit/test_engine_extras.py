@@ -11,12 +11,12 @@ import httpx
 from asgi_lifespan import LifespanManager
 
 from tests.conftest import wait_ready
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import EngineInfo
 from trtllm_gateway.engine.stats import RemotePrefillStats
 

@@ -17,10 +17,10 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.disagg import kv_check, kv_wire
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import EngineInfo, GenerateRequest, SamplingParams
 from trtllm_gateway.engine.stats import RemotePrefillStats
 

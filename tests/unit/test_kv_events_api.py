@@ -12,9 +12,9 @@ from asgi_lifespan import LifespanManager
 from pydantic import SecretStr
 
 from tests.conftest import wait_ready
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.app.main import create_app
 from trtllm_gateway.config.settings import Settings
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.kv_events.log import BlockRemoved, BlockStored, KvEventLog
 from trtllm_gateway.engine.protocol import EngineInfo
 

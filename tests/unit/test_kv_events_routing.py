@@ -10,6 +10,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.disagg import kv_follow
@@ -17,7 +18,6 @@ from trtllm_gateway.engine.disagg.kv_follow import KvFollower
 from trtllm_gateway.engine.disagg.prefix_index import PrefixIndex
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
 from trtllm_gateway.engine.disagg.siblings import SiblingPool
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.kv_events.log import AllBlocksCleared, BlockRemoved, BlockStored
 from trtllm_gateway.engine.protocol import EngineInfo, GenerateRequest, SamplingParams
 from trtllm_gateway.engine.stats import RemotePrefillStats

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine, SiblingMismatchError
 from trtllm_gateway.engine.disagg.siblings import SiblingPool
-from trtllm_gateway.engine.fake import FakeEngine
 from trtllm_gateway.engine.protocol import (
     EngineInfo,
     GenerateRequest,

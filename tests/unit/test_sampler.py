@@ -9,7 +9,7 @@
   token's plus k alternatives best first, none for k = 0;
 - adjustments: repetition penalty (over prompt and output), presence and frequency penalties
   (over the output only), logit_bias, allowed_token_ids, and min_tokens banning EOS and stop ids;
-- a row whose own inputs fail (an id out of range) fails alone; check_token_ids names the param.
+- a row whose own inputs fail (its constraint in error) fails alone.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import math
 import pytest
 import torch
 
-from trtllm_gateway.engine.builtin.sampler import Sampler, check_token_ids
+from trtllm_gateway.engine.builtin.sampler import Sampler
 from trtllm_gateway.engine.builtin.sequence import Sequence
-from trtllm_gateway.engine.protocol import GenerateRequest, InvalidRequestError, SamplingParams
+from trtllm_gateway.engine.protocol import SamplingParams
 
 EOS = 0
 VOCAB = 8
@@ -164,32 +164,20 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached() -> None:
     assert Sampler((EOS,))(logits.clone(), [done])[0].token_id == EOS
 
 
+class _FailedConstraint:
+    """A RowMatcher (engine/guided/matcher.py) whose grammar is in error."""
+
+    error = "no token fits the grammar"
+    masking = False
+
+    def sync(self, token_ids: list[int], prompt_len: int) -> None:
+        pass
+
+
 def test_a_bad_row_fails_alone() -> None:
     logits = torch.tensor([[0.0, 5.0, 0, 0, 0, 0, 0, 0]] * 2)
-    seqs = [
-        _seq(SamplingParams(temperature=0.0, logit_bias=((VOCAB, 1.0),))),
-        _seq(SamplingParams(temperature=0.0)),
-    ]
+    seqs = [_seq(SamplingParams(temperature=0.0)), _seq(SamplingParams(temperature=0.0))]
+    seqs[0].guided = _FailedConstraint()  # type: ignore[assignment]  # a stand-in RowMatcher
     bad, good = Sampler((EOS,))(logits, seqs)
-    assert bad.error is not None and "logit_bias id 8 is out of range [0, 8)" in bad.error
+    assert bad.error == "constraint failed: no token fits the grammar"
     assert good.error is None and good.token_id == 1
-
-
-@pytest.mark.parametrize(
-    ("sp", "prompt", "param"),
-    [
-        (SamplingParams(), (1, VOCAB), "prompt"),
-        (SamplingParams(stop_token_ids=(-1,)), (1,), "stop_token_ids"),
-        (SamplingParams(logit_bias=((99, 1.0),)), (1,), "logit_bias"),
-        (SamplingParams(allowed_token_ids=()), (1,), "allowed_token_ids"),
-        (SamplingParams(logprobs=VOCAB + 1), (1,), "logprobs"),
-        (SamplingParams(prompt_logprobs=-1), (1,), "prompt_logprobs"),
-    ],
-)
-def test_check_token_ids_names_the_param(
-    sp: SamplingParams, prompt: tuple[int, ...], param: str
-) -> None:
-    with pytest.raises(InvalidRequestError) as e:
-        check_token_ids(GenerateRequest("r", prompt, sp), VOCAB)
-    assert e.value.param == param
-    check_token_ids(GenerateRequest("r", (1, VOCAB - 1), SamplingParams(logprobs=VOCAB)), VOCAB)

@@ -12,13 +12,13 @@ from trtllm_gateway.config.settings import Settings
 def test_kebab_case_flags() -> None:
     s = Settings(
         _cli_parse_args=[
-            "--served-model-name", "m", "--max-model-len", "128", "--engine", "fake",
+            "--served-model-name", "m", "--max-model-len", "128", "--engine", "trtllm",
             "--no-enable-prefix-caching", "--shutdown-timeout", "5",
         ]
     )  # fmt: skip
     assert s.served_model_name == "m"
     assert s.max_model_len == 128
-    assert s.engine == "fake"
+    assert s.engine == "trtllm"
     assert s.enable_prefix_caching is False
     assert s.shutdown_timeout == 5.0
 
@@ -69,7 +69,7 @@ def test_int8_activations_conflicts_are_errors(conflict: dict[str, str]) -> None
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (["--engine", "fake"], "needs --engine builtin with its core process"),
+        (["--engine", "trtllm"], "needs --engine builtin with its core process"),
         (["--no-engine-process"], "needs --engine builtin with its core process"),
         (["--mode", "encode"], "does not run --mode encode"),
         (["--kv-events-zmq", "tcp://*:5557"], "cannot publish --kv-events-zmq"),

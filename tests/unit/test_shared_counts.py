@@ -1,4 +1,4 @@
-"""Admission over SharedCounts (--api-server-count): two Admissions on one counts file stand for
+"""AdmissionControl over SharedCounts (--api-server-count): two on one counts file stand for
 two API server processes; each maps the file and locks it on its own descriptor, as they do."""
 
 from __future__ import annotations
@@ -7,22 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.admission import AdmissionControl
 from trtllm_gateway.web.errors import ServiceUnavailableError
 from trtllm_gateway.web.shared_counts import SharedCounts
 
+Pair = tuple[AdmissionControl, AdmissionControl]  # two API servers
+
 
 @pytest.fixture
-def pair(tmp_path: Path) -> tuple[Admission, Admission]:
+def pair(tmp_path: Path) -> Pair:
     path = str(tmp_path / "admission")
     SharedCounts.create(path)
     return (
-        Admission(running=2, queued=1, shared=SharedCounts(path)),
-        Admission(running=2, queued=1, shared=SharedCounts(path)),
+        AdmissionControl(running=2, queued=1, shared=SharedCounts(path)),
+        AdmissionControl(running=2, queued=1, shared=SharedCounts(path)),
     )
 
 
-def test_the_limit_counts_both_servers(pair: tuple[Admission, Admission]) -> None:
+def test_the_limit_counts_both_servers(pair: Pair) -> None:
     a, b = pair
     held = [a.reserve(), a.reserve(), b.reserve()]  # capacity 3: 2 running + 1 queued
     with pytest.raises(ServiceUnavailableError) as exc:
@@ -44,7 +46,7 @@ def test_the_limit_counts_both_servers(pair: tuple[Admission, Admission]) -> Non
 
 
 def test_an_idle_gateway_admits_a_request_past_the_limit(
-    pair: tuple[Admission, Admission],
+    pair: Pair,
 ) -> None:
     a, b = pair
     big = b.reserve(weight=5)  # nothing in flight on any server
@@ -54,7 +56,9 @@ def test_an_idle_gateway_admits_a_request_past_the_limit(
     a.reserve().release()
 
 
-def test_draining_refusals_are_counted_once_for_all(pair: tuple[Admission, Admission]) -> None:
+def test_draining_refusals_are_counted_once_for_all(
+    pair: Pair,
+) -> None:
     a, b = pair
     a.close()
     with pytest.raises(ServiceUnavailableError) as exc:

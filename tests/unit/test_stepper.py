@@ -282,7 +282,7 @@ STEP_MODULES = [
         "sampler",
         "core",
         "parts",
-        "admission",
+        "sequence_builder",
         "config",
     )
 ]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.engine.tiny_llava import CHAT_TEMPLATE
-from trtllm_gateway.engine.builtin.vision.placement import (
+from trtllm_gateway.engine.builtin.vision.placeholders import (
     PlacedImage,
     expand_prompt,
     image_embeds_for,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.admission import AdmissionControl
 from trtllm_gateway.web.state import State
 
 logger = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ ABORT_GRACE_S = 3.0
 class Drain:
     """One app's drain; the lifespan binds its State, the server (app/server.py) triggers it."""
 
-    def __init__(self, admission: Admission, timeout_s: float) -> None:
+    def __init__(self, admission: AdmissionControl, timeout_s: float) -> None:
         self.admission = admission
         self.timeout_s = timeout_s
         self.state: State | None = None

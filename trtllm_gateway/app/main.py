@@ -28,7 +28,7 @@ from trtllm_gateway.routers.openai.chat import router as chat
 from trtllm_gateway.routers.openai.completions import router as completions
 from trtllm_gateway.routers.openai.responses import router as responses
 from trtllm_gateway.routers.openai.responses.store import ResponseStore, StoreLimits
-from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.admission import AdmissionControl
 from trtllm_gateway.web.auth import ApiKeyMiddleware, InternalKeyMiddleware, load_api_keys
 from trtllm_gateway.web.body_limit import BodyLimitMiddleware
 from trtllm_gateway.web.errors import install_error_handlers
@@ -48,7 +48,7 @@ def create_app(
     shared: the admission counters of every API server (--api-server-count, app/api_server.py).
     """
     server = config.server
-    admission = Admission(
+    admission = AdmissionControl(
         config.engine.max_batch_size,
         server.max_queued_requests,
         server.max_running_choices,

@@ -48,14 +48,14 @@ def main_check(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-# What `config show` prints for --engine builtin (and fake): the whole EngineConfig, the part
+# What `config show` prints for --engine builtin: the whole EngineConfig, the part
 # the built-in engine core receives.
 BUILTIN_FIELDS = tuple(EngineConfig.model_fields)
 
 
 def main_show(argv: list[str]) -> int:
     """Print, as YAML, what `serve <argv>` would hand its engine: the final LLM args for
-    --engine trtllm, the built-in (or fake) engine's settings otherwise."""
+    --engine trtllm, the built-in engine's settings otherwise."""
     try:
         config = Settings(_cli_parse_args=argv, _cli_exit_on_error=False).parts()
     except (ValidationError, SystemExit, ValueError) as exc:

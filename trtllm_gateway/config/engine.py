@@ -10,15 +10,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trtllm_gateway.config.mode import Mode
+
 DEFAULT_MODEL = "default"
-Mode = Literal["aggregated", "prefill", "decode", "encode"]
 
 
 class EngineConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    engine: Literal["builtin", "trtllm", "fake"] = Field(
-        "builtin", description="builtin (PyTorch), trtllm (TensorRT-LLM) or fake (tests)."
+    engine: Literal["builtin", "trtllm"] = Field(
+        "builtin", description="builtin (PyTorch) or trtllm (TensorRT-LLM)."
     )
     mode: Mode = Field("aggregated", description="Role in disaggregated serving (see Modes).")
     model: str = Field(

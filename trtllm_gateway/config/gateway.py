@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtllm_gateway.config.disagg import DisaggConfig
-from trtllm_gateway.config.engine import EngineConfig, Mode
+from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.config.media import MediaConfig
+from trtllm_gateway.config.mode import Mode
 from trtllm_gateway.config.server import ServerConfig
 from trtllm_gateway.config.serving import ServingConfig
 from trtllm_gateway.config.trtllm import TrtllmConfig

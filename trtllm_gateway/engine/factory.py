@@ -7,8 +7,6 @@ DisaggConfig.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from trtllm_gateway.config.disagg import encode_siblings
 from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.engine.logits.load import load_class
@@ -47,20 +45,14 @@ def preflight(config: GatewayConfig) -> None:
     if engine.engine == "builtin" and (engine.quantization == "fp8" or engine.fp8_kv):
         # --device auto resolved here as the loader will: FP8 on a CPU or an older GPU fails
         # now, not as a /health 503 after the server started.
+        from trtllm_gateway.engine.builtin.device_dtype import pick_device
         from trtllm_gateway.engine.builtin.fp8 import unsupported
-        from trtllm_gateway.engine.builtin.placement import pick_device
 
         reason = unsupported(pick_device(engine.device))
         if reason is not None:
             raise ValueError(reason)
     for path in engine.logits_processor:  # the engine imports it again where it runs
         load_class(path)
-    if engine.engine == "fake" and not Path(engine.tokenizer or engine.model).is_dir():
-        # The fake engine has no model to take a tokenizer from: without one the server would
-        # stay up answering /health 503 engine_dead.
-        raise ValueError(
-            "--engine fake needs a tokenizer directory: --tokenizer DIR (or --model DIR)"
-        )
 
 
 def launch_shared_core(config: GatewayConfig, addresses: tuple[Addresses, ...]) -> Launcher:
@@ -98,8 +90,4 @@ def _create_local(config: GatewayConfig, attach: Attachment | None = None) -> En
         from trtllm_gateway.engine.trtllm.engine import TrtllmEngine
 
         return TrtllmEngine(engine, config.trtllm, encoders=encoders, log_level=log_level)
-    if engine.engine == "fake":
-        from trtllm_gateway.engine.fake import FakeEngine
-
-        return FakeEngine.from_config(engine)
     raise ValueError(f"unknown engine {engine.engine!r}")

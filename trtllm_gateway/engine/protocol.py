@@ -8,16 +8,17 @@ tensors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+from trtllm_gateway.config.mode import Mode
 
 if TYPE_CHECKING:  # what the app reads besides serving: engine/capabilities.py
     from trtllm_gateway.engine.capabilities import EngineExtras
 
 FinishReason = Literal["stop", "length", "abort"]
 EngineState = Literal["loading", "ready", "draining", "dead"]
-Mode = Literal["aggregated", "prefill", "decode", "encode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +235,26 @@ class RequestFailedError(EngineError):
 
 class RemotePrefillFailedError(EngineError):
     """A sibling prefill failed and local fallback was not allowed."""
+
+
+def check_token_ids(ids: Iterable[int], vocab: int, param: str) -> tuple[int, ...]:
+    """The ids as a tuple, or InvalidRequestError naming `param` at the first id outside
+    [0, vocab).
+
+    The one check of the token ids a request gives (a prompt as ids, stop_token_ids, logit_bias,
+    allowed_token_ids), made where the request enters: the HTTP routes, before any work
+    (routers/openai/validation.py, for the sibling API's sampling too), and an engine's door for
+    callers that come without them (engine/builtin/sequence_builder.py; TensorRT-LLM's
+    embedding_bias). The step trusts it: on CUDA an id past the logits is a device assert that
+    ends the process, not an exception.
+    """
+    out = tuple(ids)
+    bad = next((t for t in out if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"{param} has token id {bad} outside the vocabulary [0, {vocab}).", param=param
+        )
+    return out
 
 
 @runtime_checkable

@@ -29,7 +29,7 @@ class Slot:
 
     __slots__ = ("_admission", "_also", "_released", "weight")
 
-    def __init__(self, admission: Admission, weight: int) -> None:
+    def __init__(self, admission: AdmissionControl, weight: int) -> None:
         self._admission = admission
         self.weight = weight
         self._released = False
@@ -48,7 +48,7 @@ class Slot:
                 callback()
 
 
-class Admission:
+class AdmissionControl:
     """In-flight engine requests of one app. Event-loop only: reserve/release never await.
 
     With --api-server-count N the limit counts every server's requests (shared: SharedCounts);

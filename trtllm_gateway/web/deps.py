@@ -7,10 +7,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from trtllm_gateway.config.mode import Mode
 from trtllm_gateway.config.serving import ServingConfig
-from trtllm_gateway.engine.protocol import Engine, EngineBase, EngineInfo, Mode
+from trtllm_gateway.engine.protocol import Engine, EngineBase, EngineInfo
 from trtllm_gateway.engine.tokenizer import Tokenizer
-from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.admission import AdmissionControl
 from trtllm_gateway.web.errors import BadRequestError, ServiceUnavailableError
 from trtllm_gateway.web.metrics import GatewayMetrics
 from trtllm_gateway.web.state import State
@@ -48,7 +49,7 @@ class Serving:
     config: ServingConfig  # the OpenAI layer's part of the configuration
     mode: Mode
     model_name: str
-    admission: Admission
+    admission: AdmissionControl
 
 
 def get_ready_engine(state: StateDep) -> EngineBase:

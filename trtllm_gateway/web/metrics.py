@@ -31,7 +31,7 @@ from trtllm_gateway.engine.stats import KvRoutingStats, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
 from trtllm_gateway.multimodal.pixel_budget import PixelBudget
 from trtllm_gateway.web import request_context
-from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.admission import AdmissionControl
 from trtllm_gateway.web.metric_names import PREFIX, RenamedCollector
 from trtllm_gateway.web.ops_collectors import (
     AdmissionCollector,
@@ -135,7 +135,7 @@ class GatewayMetrics:
     def __init__(
         self,
         registry: CollectorRegistry,
-        admission: Admission | None = None,
+        admission: AdmissionControl | None = None,
         prefix: str = PREFIX,
         multiprocess_dir: str | None = None,
     ) -> None:
@@ -153,7 +153,7 @@ class GatewayMetrics:
         mp = multiprocess_dir is not None
         self._health: Callable[[], EngineHealth] | None = None
         self.model_name = ""
-        self.admission = admission or Admission(running=1, queued=None)
+        self.admission = admission or AdmissionControl(running=1, queued=None)
         # Filled by the image loader (routers/openai/chat/images.py) and read at scrape time.
         self.media = MediaMetrics()
         # Decoded pixels held by requests; create_app gives it the configured bound.

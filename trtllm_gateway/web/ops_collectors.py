@@ -17,7 +17,7 @@ from trtllm_gateway.engine.disagg.remote_encode import OUTCOMES as ENCODE_OUTCOM
 from trtllm_gateway.engine.stats import OUTCOMES, RemotePrefillStats
 from trtllm_gateway.multimodal.metrics import MediaMetrics
 from trtllm_gateway.multimodal.pixel_budget import PixelBudget
-from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.admission import AdmissionControl
 
 PREFIX = "trtllm_gateway:"
 # KV pulls: from a few ms (short prompt, loopback) to tens of seconds (long prompt over TCP).
@@ -29,7 +29,7 @@ KV_SECONDS_BUCKETS = (
 class AdmissionCollector(Collector):
     """Gateway-side load: requests admitted (in flight), queued beyond the engine batch, refused."""
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: AdmissionControl) -> None:
         self._admission = admission
 
     def collect(self) -> Iterator[Metric]:

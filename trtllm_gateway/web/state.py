@@ -11,7 +11,7 @@ from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.engine.protocol import EngineBase, EngineHealth
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache
-from trtllm_gateway.web.admission import Admission
+from trtllm_gateway.web.admission import AdmissionControl
 from trtllm_gateway.web.metrics import GatewayMetrics
 
 
@@ -33,7 +33,7 @@ class State:
     _stopping: asyncio.Future[None] | None = field(default=None, repr=False)
 
     @property
-    def admission(self) -> Admission:
+    def admission(self) -> AdmissionControl:
         return self.metrics.admission
 
     async def stop_engine(self) -> None:

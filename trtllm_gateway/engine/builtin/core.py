@@ -25,7 +25,7 @@ from trtllm_gateway.engine.builtin.parts import EngineParts, assemble
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.builtin.vision.embedder import create_embedder
-from trtllm_gateway.engine.builtin.vision.placement import PlacedImage
+from trtllm_gateway.engine.builtin.vision.placeholders import PlacedImage
 from trtllm_gateway.engine.builtin.wakeup import Wakeup
 from trtllm_gateway.engine.guided.matcher import RowMatcher
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
@@ -306,14 +306,14 @@ class EngineCore:
     ) -> tuple[Sequence, TokenEvent | None]:
         parts = self._p
         self._check_new(msg.request_id)  # an encoded request has left _encoding by now
-        seq = parts.admission.sequence(req)
+        seq = parts.sequences.build(req)
         seq.hold_kv = msg.hold_kv
         if parts.logits:
             seq.logits_bound = parts.logits.bind(req.prompt_token_ids, args_of(req.sampling))
         seq.guided = matcher
         first = None
         if msg.first_token_ids:
-            first = parts.admission.import_first(
+            first = parts.sequences.import_first(
                 seq, msg.first_token_ids, msg.first_logprobs, kv_blob
             )
         return seq, first

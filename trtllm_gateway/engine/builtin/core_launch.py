@@ -51,12 +51,3 @@ def core_client(
         ThreadLauncher(factory) if in_thread else ProcessLauncher(factory, log_level)
     )
     return CoreClient(launcher, config.model_id, config.engine.block_size)
-
-
-def thread_core(client: CoreClient) -> EngineCore:
-    """The EngineCore behind a client made with in_thread=True, once started: a look inside
-    for tests and the offline benchmarks (what it holds belongs to the core's thread)."""
-    launcher = client.launcher
-    if not isinstance(launcher, ThreadLauncher) or not isinstance(launcher.core, EngineCore):
-        raise TypeError("not a started in-thread built-in engine core")
-    return launcher.core

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
-from trtllm_gateway.engine.builtin.vision.placement import PlacedImage
+from trtllm_gateway.engine.builtin.vision.placeholders import PlacedImage
 from trtllm_gateway.engine.protocol import GenerateRequest
 
 Prepared = tuple[GenerateRequest, tuple[PlacedImage, ...]]

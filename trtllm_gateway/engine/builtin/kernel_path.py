@@ -20,7 +20,7 @@ from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
 from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_tiles
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, StepOutput
-from trtllm_gateway.engine.builtin.vision.placement import image_embeds_for, touches_images
+from trtllm_gateway.engine.builtin.vision.placeholders import image_embeds_for, touches_images
 
 PromptLogprobsFn = Callable[[ScheduledChunk, torch.Tensor], None]
 

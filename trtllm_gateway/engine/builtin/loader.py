@@ -21,6 +21,7 @@ from trtllm_gateway.engine.builtin.attention import (
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm, is_built
 from trtllm_gateway.engine.builtin.cpu_threads import sized
+from trtllm_gateway.engine.builtin.device_dtype import pick_device, pick_dtype
 from trtllm_gateway.engine.builtin.fp8_checkpoint import Fp8Checkpoint
 from trtllm_gateway.engine.builtin.fp8_linear import quantize_fp8
 from trtllm_gateway.engine.builtin.model import (
@@ -31,7 +32,6 @@ from trtllm_gateway.engine.builtin.model import (
 )
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
-from trtllm_gateway.engine.builtin.placement import pick_device, pick_dtype
 from trtllm_gateway.engine.builtin.quant import quantize_int8
 from trtllm_gateway.engine.builtin.runner import ModelRunner
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder, load_encoder

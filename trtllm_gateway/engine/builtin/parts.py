@@ -1,7 +1,7 @@
 """EngineParts: what EngineCore builds around a LoadedModel once it has loaded.
 
-The Stepper the step loop drives, the Admission that turns requests into Sequences, the factory
-of grammar matchers, and the EngineInfo the core announces. The prefix cache reports to the
+The Stepper the step loop drives, the SequenceBuilder that turns requests into Sequences, the
+factory of grammar matchers, and the EngineInfo the core announces. The prefix cache reports to the
 core's KvEventLog from event 0 (an empty cache) on.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtllm_gateway.engine.builtin.admission import Admission
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.loader import LoadedModel
 from trtllm_gateway.engine.builtin.sampler import Sampler
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
+from trtllm_gateway.engine.builtin.sequence_builder import SequenceBuilder
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.guided.matcher import GuidedFactory
 from trtllm_gateway.engine.image_resize import resize_edge
@@ -26,7 +26,7 @@ from trtllm_gateway.engine.protocol import EngineHealth, EngineInfo, EngineState
 @dataclass(frozen=True, slots=True)
 class EngineParts:
     stepper: Stepper
-    admission: Admission
+    sequences: SequenceBuilder
     guided: GuidedFactory
     info: EngineInfo
     logits: LogitsProcessors
@@ -76,5 +76,5 @@ def assemble(lm: LoadedModel, config: BuiltinConfig, kv_events: KvEventLog) -> E
         max_batch_size=engine.max_batch_size,
     )
     guided = GuidedFactory(lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids)
-    admission = Admission(info, lm.blocks, lm.device, engine.seed)
-    return EngineParts(stepper, admission, guided, info, logits)
+    sequences = SequenceBuilder(info, lm.blocks, lm.device, engine.seed)
+    return EngineParts(stepper, sequences, guided, info, logits)

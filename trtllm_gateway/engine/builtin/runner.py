@@ -21,7 +21,7 @@ from trtllm_gateway.engine.builtin.attention import (
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.sampler import logprob_entry
 from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, StepOutput
-from trtllm_gateway.engine.builtin.vision.placement import image_embeds_for
+from trtllm_gateway.engine.builtin.vision.placeholders import image_embeds_for
 
 if TYPE_CHECKING:
     from trtllm_gateway.engine.builtin.kernel_path import KernelPath

@@ -2,8 +2,8 @@
 temperature/top-k/top-p/min-p, seeded draws, logprobs.
 
 The logits processors (engine/logits) see the model's logits first, as TensorRT-LLM's logits
-post-processors do. A request whose adjustments fail (an id out of range, a constraint in error,
-its logits processor raising) is reported failed on its own row; the rest of the batch samples
+post-processors do. A request whose adjustments fail (a constraint in error, its logits
+processor raising) is reported failed on its own row; the rest of the batch samples
 as if it were not there. A processor's failure is its own bug, not the request's (`internal`:
 a 500, where the request's own inputs are a 400). Grammar masks (engine.guided) are built on the
 host for every constrained row and applied to the batch in one op; logprobs stay the model's raw
@@ -27,7 +27,6 @@ from trtllm_gateway.engine.guided.compile import DEFAULT_PARAMS
 from trtllm_gateway.engine.guided.matcher import RowMatcher, apply_bitmask, fill_bitmask
 from trtllm_gateway.engine.logits.load import apply_bound
 from trtllm_gateway.engine.protocol import (
-    GenerateRequest,
     InvalidRequestError,
     RequestFailedError,
     TokenLogprob,
@@ -60,14 +59,6 @@ def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
         )
 
 
-def _check_ids(ids: list[int], vocab: int, what: str) -> None:
-    """Refuse ids outside the vocabulary before they index a tensor (on CUDA an out-of-range
-    index is a device assert that takes the whole process down, not an exception)."""
-    for t in ids:
-        if not 0 <= t < vocab:
-            raise ValueError(f"{what} id {t} is out of range [0, {vocab})")
-
-
 def row_failure(
     seq: Sequence, why: str, internal: bool = False
 ) -> InvalidRequestError | RequestFailedError:
@@ -81,47 +72,21 @@ def row_failure(
     return InvalidRequestError(why)
 
 
-def check_token_ids(req: GenerateRequest, vocab: int) -> None:
-    """Every id a request gives the engine is in [0, vocab): InvalidRequestError naming it."""
-    sp = req.sampling
-    given = [
-        ("prompt", req.prompt_token_ids),
-        ("stop_token_ids", sp.stop_token_ids),
-        ("logit_bias", tuple(t for t, _ in sp.logit_bias)),
-        ("allowed_token_ids", sp.allowed_token_ids or ()),
-    ]
-    for param, ids in given:
-        try:
-            _check_ids(list(ids), vocab, param)
-        except ValueError as e:
-            raise InvalidRequestError(str(e), param=param) from None
-    if sp.allowed_token_ids is not None and not sp.allowed_token_ids:
-        raise InvalidRequestError("allowed_token_ids is empty", param="allowed_token_ids")
-    # A top-k wider than the vocabulary fails torch.topk inside the step (prompt logprobs are
-    # computed in the forward pass, where a failure is the whole step's).
-    for param, k in (("logprobs", sp.logprobs), ("prompt_logprobs", sp.prompt_logprobs)):
-        if k is not None and not 0 <= k <= vocab:
-            raise InvalidRequestError(f"{param} must be in [0, {vocab}], got {k}", param=param)
-
-
 def _adjust_row(row: torch.Tensor, seq: Sequence, eos: tuple[int, ...]) -> None:
     """Penalties, logit_bias, allowed_token_ids and the min_tokens ban, in place on one row."""
     sp = seq.sampling
     vocab = row.shape[0]
     _apply_penalties(row, seq)
-    if sp.logit_bias:
+    if sp.logit_bias:  # every id checked once, at admission (sequence_builder.check_request_ids)
         ids = [t for t, _ in sp.logit_bias]
-        _check_ids(ids, vocab, "logit_bias")
         bias = torch.tensor([b for _, b in sp.logit_bias], dtype=row.dtype)
         row.index_add_(0, torch.tensor(ids, device=row.device), bias.to(row.device))
     if sp.allowed_token_ids is not None:
         allowed = list(sp.allowed_token_ids)
-        _check_ids(allowed, vocab, "allowed_token_ids")
         keep = row[allowed].clone()
         row.fill_(float("-inf"))
         row[allowed] = keep
     if seq.output_len < sp.min_tokens:
-        _check_ids(list(sp.stop_token_ids), vocab, "stop_token_ids")
         row[[t for t in (*eos, *sp.stop_token_ids) if t < vocab]] = float("-inf")
 
 

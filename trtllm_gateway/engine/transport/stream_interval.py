@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from trtllm_gateway.engine.protocol import TokenEvent
 
-Event = TokenEvent | BaseException
+EventOrError = TokenEvent | BaseException  # a request's next item: an event, or its failure
 
 
 def merge_events(a: TokenEvent, b: TokenEvent) -> TokenEvent:
@@ -45,11 +45,11 @@ class StreamInterval:
         self._held: dict[str, list[TokenEvent]] = {}
         self._started: set[str] = set()  # requests whose first token has gone out
 
-    def __call__(self, events: list[tuple[str, Event]]) -> list[tuple[str, Event]]:
+    def __call__(self, events: list[tuple[str, EventOrError]]) -> list[tuple[str, EventOrError]]:
         """The events to send now, in order; the rest are held for a later step."""
         if self.interval <= 1:
             return events
-        out: list[tuple[str, Event]] = []
+        out: list[tuple[str, EventOrError]] = []
         for request_id, event in events:
             if isinstance(event, BaseException):
                 self._forget(request_id)

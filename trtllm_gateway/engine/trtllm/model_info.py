@@ -7,8 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from trtllm_gateway.config.mode import Mode
 from trtllm_gateway.engine.image_resize import resize_edge
-from trtllm_gateway.engine.protocol import EngineInfo, Mode
+from trtllm_gateway.engine.protocol import EngineInfo
 
 logger = logging.getLogger(__name__)
 

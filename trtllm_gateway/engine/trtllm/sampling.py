@@ -22,7 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trtllm_gateway.engine.protocol import GuidedDecoding, InvalidRequestError, SamplingParams
+from trtllm_gateway.engine.protocol import (
+    GuidedDecoding,
+    InvalidRequestError,
+    SamplingParams,
+    check_token_ids,
+)
 
 GUIDED_PARAM = "response_format"  # also reached through tool_choice and structured_outputs
 # OpenAI's top_logprobs maximum: its chat docs give -9999.0 to a token outside the top 20.
@@ -83,15 +88,10 @@ def embedding_bias(sp: SamplingParams, vocab_size: int) -> Any:
         raise InvalidRequestError(
             "logit_bias needs the model's vocabulary size, which is unknown", param="logit_bias"
         )
-    for param, ids in (
-        ("logit_bias", [t for t, _ in sp.logit_bias]),
-        ("allowed_token_ids", list(sp.allowed_token_ids or ())),
-    ):
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param=param
-            )
+    # Its own door, as the built-in engine's (a caller past the HTTP routes' checks): an id past
+    # the tensor is an IndexError here, not the request's 400.
+    check_token_ids((t for t, _ in sp.logit_bias), vocab_size, "logit_bias")
+    check_token_ids(sp.allowed_token_ids or (), vocab_size, "allowed_token_ids")
     import torch  # the gateway's own dependency; TensorRT-LLM wants a torch tensor here
 
     if sp.allowed_token_ids is not None:

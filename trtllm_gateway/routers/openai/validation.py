@@ -1,4 +1,5 @@
-"""Hostile-input checks at the HTTP edge: every token id the API takes against the vocabulary,
+"""Hostile-input checks at the HTTP edge: every token id the API takes against the vocabulary
+(engine/protocol.py's check_token_ids, the one check),
 logit_bias keys and values, and request strings the tokenizer cannot take (lone UTF-16
 surrogates) or nesting deep enough to exhaust the recursion limit of a chat template; and the
 SamplingParams a sibling sends whole to /internal/v1/prefill, held to the same ranges.
@@ -20,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from trtllm_gateway.engine.protocol import SamplingParams
+from trtllm_gateway.engine.protocol import InvalidRequestError, SamplingParams, check_token_ids
 from trtllm_gateway.routers.openai.schemas import SamplingFields
 from trtllm_gateway.web.errors import BadRequestError
 
@@ -58,18 +59,6 @@ def vocab_bound(engine_vocab: int, tokenizer_vocab: int) -> int:
     return engine_vocab if engine_vocab > 0 else tokenizer_vocab
 
 
-def check_token_ids(ids: Iterable[int], vocab: int, param: str) -> tuple[int, ...]:
-    """The ids as a tuple, or a 400 naming `param` at the first id outside [0, vocab)."""
-    out = tuple(ids)
-    for token_id in out:
-        if not 0 <= token_id < vocab:
-            raise BadRequestError(
-                f"{param} has token id {token_id} outside the vocabulary [0, {vocab}).",
-                param=param,
-            )
-    return out
-
-
 def logit_bias_pairs(raw: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     """OpenAI's logit_bias ({"token id": bias}) as (id, bias) pairs, biases clamped to
     [-100, 100]; a key that is not a decimal integer or a value that is not finite is a 400."""
@@ -96,12 +85,16 @@ def check_sampling_ids(body: SamplingFields, vocab: int) -> None:
 def _check_ids(
     stop: Iterable[int], bias: Iterable[int], allowed: Sequence[int] | None, vocab: int
 ) -> None:
-    check_token_ids(stop, vocab, "stop_token_ids")
-    check_token_ids(bias, vocab, "logit_bias")
-    if allowed is not None:
-        if not allowed:
-            raise BadRequestError("allowed_token_ids must not be empty.", param="allowed_token_ids")
-        check_token_ids(allowed, vocab, "allowed_token_ids")
+    try:
+        check_token_ids(stop, vocab, "stop_token_ids")
+        check_token_ids(bias, vocab, "logit_bias")
+        if allowed is not None and not allowed:
+            raise InvalidRequestError(
+                "allowed_token_ids must not be empty.", param="allowed_token_ids"
+            )
+        check_token_ids(allowed or (), vocab, "allowed_token_ids")
+    except InvalidRequestError as e:  # a GatewayError, whose param the agent APIs rename
+        raise BadRequestError(str(e), param=e.param) from None
 
 
 def check_stop_strings(stops: Sequence[str]) -> None:

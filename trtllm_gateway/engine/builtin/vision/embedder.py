@@ -15,7 +15,7 @@ import torch
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder
-from trtllm_gateway.engine.builtin.vision.placement import PlacedImage, expand_prompt
+from trtllm_gateway.engine.builtin.vision.placeholders import PlacedImage, expand_prompt
 from trtllm_gateway.engine.disagg.embed_tensors import (
     check_finite,
     check_layout,

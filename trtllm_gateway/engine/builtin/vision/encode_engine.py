@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trtllm_gateway.config.engine import EngineConfig
-from trtllm_gateway.engine.builtin.placement import pick_device, pick_dtype
+from trtllm_gateway.engine.builtin.device_dtype import pick_device, pick_dtype
 from trtllm_gateway.engine.builtin.vision.embed_cache import EmbeddingCache
 from trtllm_gateway.engine.builtin.vision.embedder import ImageEmbedder
 from trtllm_gateway.engine.builtin.vision.encoder import load_encoder

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from trtllm_gateway.engine.protocol import check_token_ids
 from trtllm_gateway.routers.openai import sampling, validation
 from trtllm_gateway.routers.openai.fanout import Choice
 from trtllm_gateway.routers.openai.run import Run
@@ -92,6 +93,6 @@ def _tokenize(body: CompletionRequest, serving: Serving) -> list[Prompt]:
         token_ids = [t for t in ids if isinstance(t, int)] if isinstance(ids, list) else []
         if len(token_ids) != (len(ids) if isinstance(ids, list) else -1):
             raise BadRequestError("prompt must be text or token ids.", param="prompt")
-        validation.check_token_ids(token_ids, vocab, "prompt")
+        check_token_ids(token_ids, vocab, "prompt")  # a 400 through web/errors.py
         out.append(Prompt(token_ids, None))
     return out

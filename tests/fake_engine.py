@@ -1,7 +1,8 @@
-"""FakeEngine: a real Engine implementation with scripted tokens, delays and failures.
+"""FakeEngine: a test double of the Engine protocol, with scripted tokens, delays and failures.
 
-Used by the api tests through create_app(config, engine=fake) and by `--engine fake`. It keeps
-the protocol's contract: closing generate() early aborts the request (recorded in `aborted`).
+The api tests serve it through create_app(config, engine=fake) (tests/conftest.py); it is no part
+of the package. It keeps the protocol's contract: closing generate() early aborts the request
+(recorded in `aborted`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
-from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
@@ -71,18 +71,6 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.finished: list[str] = []
         self._running: dict[str, asyncio.Event] = {}
-
-    @classmethod
-    def from_config(cls, config: EngineConfig) -> FakeEngine:
-        path = Path(config.tokenizer or config.model)
-        info = EngineInfo(
-            model_id=config.served_model_name or config.model,
-            max_model_len=config.max_model_len or 2048,
-            vocab_size=0,
-            eos_token_ids=(),
-            engine="fake",
-        )
-        return cls(info, tokenizer_dir=path if path.is_dir() else None)
 
     @property
     def extras(self) -> EngineExtras:

@@ -1,9 +1,9 @@
-"""Admission: a request checked against the engine's limits, turned into a Sequence.
+"""SequenceBuilder: a GenerateRequest checked against the engine's limits, turned into a Sequence.
 
-What EngineCore refuses and how it builds a Sequence: the prompt and max_tokens against the
-context and the KV cache, the token ids against the vocabulary, each request's seeded generator,
-and a decode-side request's sibling KV and first token. The core itself checks in-flight ids and
-images.
+What EngineCore refuses at admission and how it builds a Sequence: the prompt and max_tokens
+against the context and the KV cache, the token ids against the vocabulary, each request's seeded
+generator, and a decode-side request's sibling KV and first token. The core itself checks
+in-flight ids and images.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import torch
 
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.kv_transfer import decode_kv
-from trtllm_gateway.engine.builtin.sampler import check_token_ids
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.disagg.kv_wire import KvWireError
 from trtllm_gateway.engine.protocol import (
@@ -25,10 +24,11 @@ from trtllm_gateway.engine.protocol import (
     InvalidRequestError,
     TokenEvent,
     TokenLogprob,
+    check_token_ids,
 )
 
 
-class Admission:
+class SequenceBuilder:
     def __init__(
         self, info: EngineInfo, blocks: BlockManager, device: torch.device, seed: int
     ) -> None:
@@ -37,7 +37,7 @@ class Admission:
         self.device = device
         self._rng = random.Random(seed)  # a request without a seed draws its own from here
 
-    def sequence(self, req: GenerateRequest) -> Sequence:
+    def build(self, req: GenerateRequest) -> Sequence:
         """The request's Sequence, or the EngineError that says why it can never run."""
         info, blocks = self.info, self.blocks
         n, sp = len(req.prompt_token_ids), req.sampling
@@ -45,7 +45,7 @@ class Admission:
             raise InvalidRequestError("the prompt is empty")
         if n + sp.max_tokens > info.max_model_len:
             raise ContextTooLongError(n, sp.max_tokens, info.max_model_len)
-        check_token_ids(req, info.vocab_size)
+        check_request_ids(req, info.vocab_size)
         if blocks.blocks_needed(n + sp.max_tokens) > blocks.num_blocks:
             raise InvalidRequestError(
                 f"prompt ({n}) plus max_tokens ({sp.max_tokens}) needs more KV cache than the "
@@ -78,3 +78,24 @@ class Admission:
         seq.token_ids += first_token_ids
         seq.first_token = time.perf_counter()
         return TokenEvent(first_token_ids, first_logprobs)
+
+
+def check_request_ids(req: GenerateRequest, vocab: int) -> None:
+    """Every id the request gives in [0, vocab), allowed_token_ids not empty, logprob widths
+    within the vocabulary: InvalidRequestError naming the field.
+
+    The engine's own door, for callers that skip the HTTP routes' checks (a sibling's prefill, a
+    CoreClient used directly); past it the step takes the ids as valid and checks none again.
+    """
+    sp = req.sampling
+    check_token_ids(req.prompt_token_ids, vocab, "prompt")
+    check_token_ids(sp.stop_token_ids, vocab, "stop_token_ids")
+    check_token_ids((t for t, _ in sp.logit_bias), vocab, "logit_bias")
+    if sp.allowed_token_ids is not None and not sp.allowed_token_ids:
+        raise InvalidRequestError("allowed_token_ids is empty", param="allowed_token_ids")
+    check_token_ids(sp.allowed_token_ids or (), vocab, "allowed_token_ids")
+    # A top-k wider than the vocabulary fails torch.topk inside the step (prompt logprobs are
+    # computed in the forward pass, where a failure is the whole step's).
+    for param, k in (("logprobs", sp.logprobs), ("prompt_logprobs", sp.prompt_logprobs)):
+        if k is not None and not 0 <= k <= vocab:
+            raise InvalidRequestError(f"{param} must be in [0, {vocab}], got {k}", param=param)
