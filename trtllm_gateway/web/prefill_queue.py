@@ -44,10 +44,10 @@ class PrefillQueue:
     def report(self) -> QueueReport:
         return QueueReport(self.requests, self.tokens)
 
-    def busy(self, message: str) -> ServiceUnavailableError:
+    def busy(self, message: str, code: str | None = None) -> ServiceUnavailableError:
         """A 503 that carries the queue (the decode side's policy reads it)."""
         return ServiceUnavailableError(
-            message, code="prefill_queue_full", headers=self.report().headers()
+            message, code=code or "prefill_queue_full", headers=self.report().headers()
         )
 
     def enter(self, tokens: int) -> PrefillTicket:

@@ -106,11 +106,11 @@ async def prefill(request: Request, serving: ServingDep, state: StateDep) -> Res
         slot = serving.admission.reserve(1)
     except ServiceUnavailableError as e:
         ticket.release()
-        raise queue.busy(e.message) from None
+        raise queue.busy(e.message, e.code) from None
     try:
         res = await cancel_on_disconnect(request.receive, serving.engine.prefill(req))
     except OverloadedError as e:  # the engine's bound on KV held for siblings
-        raise queue.busy(str(e) or "prefill instance overloaded") from None
+        raise queue.busy(str(e) or "prefill instance overloaded", "overloaded") from None
     finally:
         slot.release()
         ticket.release()
