@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shlex
 import socket
 import subprocess
@@ -151,7 +152,8 @@ def _warm(urls: list[str], args: argparse.Namespace) -> None:
 
 
 def run_setup(name: str, args: argparse.Namespace, gpus: list[str]) -> dict[str, Any]:
-    extra = shlex.split(args.serve_args)
+    # Siblings present a shared internal key (without one their endpoints answer 403).
+    extra = [*shlex.split(args.serve_args), "--internal-api-key", secrets.token_hex(16)]
     logs = Path(args.log_dir)
     classes = [
         MixClass("long", args.long_len, args.num_prompts, args.concurrency, 1),
@@ -177,7 +179,11 @@ def run_setup(name: str, args: argparse.Namespace, gpus: list[str]) -> dict[str,
         report = figures(run_mix(urls, classes, args.output_len))
         report["started_at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0))
         if name == "pd":
-            report["decode_counters"] = path_counters(before, _metrics(urls[0]))
+            counters = path_counters(before, _metrics(urls[0]))
+            report["decode_counters"] = counters
+            failed = counters["paths"]["local_fallback"] + counters["paths"]["failed"]
+            if failed:  # a broken pair measures the decode instance alone: say so loudly
+                print(f"pd: {failed:.0f} prompts failed over; see {logs}", file=sys.stderr)
         return report
     finally:
         for inst in started:
