@@ -176,7 +176,7 @@ def run_setup(name: str, args: argparse.Namespace, gpus: list[str]) -> dict[str,
         _warm(urls, args)
         before = _metrics(urls[0])
         t0 = time.time()
-        report = figures(run_mix(urls, classes, args.output_len))
+        report = figures(run_mix(urls, classes, args.output_len), args.ttft_slo, args.itl_slo)
         report["started_at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0))
         if name == "pd":
             counters = path_counters(before, _metrics(urls[0]))
@@ -202,11 +202,11 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         c = r["classes"]
         lt, st = c["long"]["ttft_ms"], c["short"]["ttft_ms"]
         rows.append(
-            f"| {names[key]} | {gpus[key]} | {c['long']['output_tok_s']:.0f} "
+            f"| {names[key]} | {gpus[key]} | {c['long']['output_tok_s']:.3g} "
             f"| {lt['p50'] / 1e3:.2f} / {lt['p99'] / 1e3:.2f} "
             f"| {st['p50'] / 1e3:.2f} / {st['p99'] / 1e3:.2f} "
             f"| {c['long']['itl_ms']['p99']:.1f} / {c['short']['itl_ms']['p99']:.1f} "
-            f"| {r['wall_s']:.1f} | {r['output_tok_s']:.0f} "
+            f"| {r['wall_s']:.1f} | {r['output_tok_s']:.3g} "
             f"| {r['goodput_req_s']:.2f} ({r['met_slo']}/{r['requests']}) |"
         )
     return "\n".join(rows)
@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-args", help="flags of every server (the preset's if not given)")
     p.add_argument("--tokenizer", default=None, help="a tokenizer.json directory (GPU preset)")
     p.add_argument("--decode-args", default="--max-local-prefill-tokens 256")
+    p.add_argument("--ttft-slo", type=float, default=2.0, help="seconds (issue 41: 2)")
+    p.add_argument("--itl-slo", type=float, default=0.05, help="seconds, a request's ITL p99")
     p.add_argument("--log-dir", default="/tmp")
     p.add_argument("--out", default=None, help="write the JSON report here")
     args = p.parse_args(argv)
