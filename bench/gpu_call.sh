@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install carried wheels, GPU tests, then the GPU benchmarks. Logs under $OUT.
-# Usage (on the device): bash bench/gpu_call.sh [tests] [suite]
+# Usage (on the device): bash bench/gpu_call.sh [tests] [suite] [disagg]
 #   suite: bench/gpu_suite.sh (its STAGES, NUM8, B8, NUM135, MODES135 pass through) under a
 #   SUITE_TIMEOUT (default 540 s), its files packed into $OUT/bench-gpu.tgz (the device tool
 #   returns at most 8 files) beside summary.md; the tokenizer comes from .whl/tok; PYSPY= (empty)
@@ -27,6 +27,14 @@ for what in "$@"; do
         timeout "${SUITE_TIMEOUT:-540}" bash bench/gpu_suite.sh 2>&1 | tee "$OUT/suite.log"
       cp /tmp/bench-gpu/summary.md "$OUT/" 2>/dev/null
       tar czf "$OUT/bench-gpu.tgz" -C /tmp bench-gpu ;;
+    disagg)
+      # Issue 41's comparison on a 2-GPU host: aggregated on GPU 0, prefill 0 + decode 1, two
+      # aggregated round robin; DISAGG_SETUPS splits it over calls (default agg,pd,agg2).
+      timeout "${DISAGG_TIMEOUT:-570}" python3 -m bench.disagg --preset gpu-8b \
+        --tokenizer "${TOK:-.whl/tok}" --setups "${DISAGG_SETUPS:-agg,pd,agg2}" \
+        --log-dir /tmp/disagg-logs --out "$OUT/disagg.json" > "$OUT/disagg.log" 2>&1
+      echo "disagg rc=$?"; tail -8 "$OUT/disagg.log"
+      tar czf "$OUT/disagg-logs.tgz" -C /tmp disagg-logs ;;
     *) echo "unknown step $what" ;;
   esac
 done

@@ -9,7 +9,7 @@ import dataclasses
 import httpx
 import pytest
 
-from tests.api.ops_helpers import CHAT, drain_of, serve, wait_until
+from tests.api.ops_helpers import CHAT, drain_of, serve, state_of, wait_until
 from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.protocol import GenerateRequest, OverloadedError, PrefillResult
@@ -146,6 +146,9 @@ async def test_sibling_prefill_counts_against_admission(
         await wait_until(lambda: admission.in_flight == 1)
         r = await client.post("/internal/v1/prefill", json={**body, "request_id": "ctx-2"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
+        # The decode side's policy reads the queue it would wait behind (issue 41 item 5).
+        assert r.headers["x-prefill-queue-requests"] == "1"
+        assert r.headers["x-prefill-queue-tokens"] == "3"
         gate.set()
         assert (await first).status_code == 200
         assert admission.in_flight == 0
@@ -185,3 +188,68 @@ async def test_one_request_runs_at_most_max_running_choices_at_once(
 def test_queued_work_is_bounded_by_default() -> None:
     s = Settings()
     assert (s.max_queued_requests, s.max_running_choices) == (256, 16)
+
+
+async def test_a_full_prefill_queue_answers_503_with_the_queue(
+    settings: Settings, fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--max-queued-prefill-tokens (issue 41 item 5): past the bound a context phase is refused
+    at once with the queue in the answer, before the engine sees it, instead of waiting behind
+    the queue until the decode side's deadline; the queue empties with its requests."""
+    gate = asyncio.Event()
+    real_prefill = fake_engine.prefill
+
+    async def slow_prefill(req: GenerateRequest) -> PrefillResult:
+        await gate.wait()
+        return await real_prefill(req)
+
+    monkeypatch.setattr(fake_engine, "prefill", slow_prefill)
+    long = list(range(5, 45))  # 40 tokens
+    async with serve(
+        settings,
+        fake_engine,
+        mode="prefill",
+        max_queued_prefill_tokens=64,
+        internal_api_key="int-key",
+    ) as (app, client):
+        client.headers["Authorization"] = "Bearer int-key"
+        queue = state_of(app).prefill_queue
+
+        def post(request_id: str) -> asyncio.Task[httpx.Response]:
+            body = {"request_id": request_id, "prompt_token_ids": long}
+            return asyncio.create_task(client.post("/internal/v1/prefill", json=body))
+
+        first = post("ctx-1")
+        await wait_until(lambda: queue.requests == 1)
+        seen = len(fake_engine.requests)
+        r = await post("ctx-2")
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "prefill_queue_full"
+        assert r.headers["x-prefill-queue-requests"] == "1"
+        assert r.headers["x-prefill-queue-tokens"] == "40"
+        assert len(fake_engine.requests) == seen
+        gate.set()
+        assert (await first).status_code == 200
+        assert (queue.requests, queue.tokens) == (0, 0)
+        assert (await post("ctx-3")).status_code == 200
+
+
+async def test_the_engines_overload_answers_503_with_the_queue(
+    settings: Settings, fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's own bound (KV held for siblings) is the same busy answer, queue included."""
+
+    async def overloaded(req: GenerateRequest) -> PrefillResult:
+        raise OverloadedError("KV held for siblings is at its bound")
+
+    monkeypatch.setattr(fake_engine, "prefill", overloaded)
+    async with serve(settings, fake_engine, mode="prefill", internal_api_key="int-key") as (
+        app,
+        client,
+    ):
+        client.headers["Authorization"] = "Bearer int-key"
+        body = {"request_id": "ctx-1", "prompt_token_ids": [5, 6, 7]}
+        r = await client.post("/internal/v1/prefill", json=body)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+        assert r.headers["x-prefill-queue-requests"] == "1"  # itself, while it was refused
+        assert state_of(app).prefill_queue.requests == 0

@@ -51,6 +51,31 @@ async def test_unpulled_kv_expires_and_pull_twice_fails(
         await prefill.pull_kv("x")
 
 
+async def test_a_renewed_lease_outlives_the_hand_off_timeout(
+    make_engine: EngineFactory, chat_prompts: list[list[int]]
+) -> None:
+    """Issue 41 item 5: while the decode side waits it renews the lease (RenewKv through the
+    core's pipe), and the KV stays held past the 0.5 s timeout; unrenewed, it then expires."""
+    prefill = await make_engine(kv_handoff_timeout=0.5, enable_prefix_caching=False)
+    req = GenerateRequest("x", tuple(chat_prompts[0]), greedy(8))
+    await prefill.prefill(req)
+    for _ in range(8):  # 1.6 s, three timeouts, renewed every 0.2 s
+        await asyncio.sleep(0.2)
+        prefill.renew_kv("x")
+    assert prefill.health().kv_usage > 0
+    prefill.renew_kv("unknown")  # a no-op, like a release of an unknown id
+    blob = await prefill.pull_kv("x")
+    assert len(blob) > 0
+    await prefill.prefill(replace(req, request_id="y"))
+    for _ in range(40):
+        await asyncio.sleep(0.1)
+        if prefill.health().kv_usage == 0.0:
+            break
+    assert prefill.health().kv_usage == 0.0
+    with pytest.raises(InvalidRequestError):
+        await prefill.pull_kv("y")
+
+
 async def test_mismatched_layout_is_refused(
     make_engine: EngineFactory, chat_prompts: list[list[int]]
 ) -> None:

@@ -128,7 +128,14 @@ class HoldingCore(ScriptedCore):
             return m.Reply(msg.cookie), blob
         if isinstance(msg, m.ReleaseKv):
             self.blobs.pop(msg.request_id, None)
+        if isinstance(msg, m.RenewKv):
+            self.renewed.append(msg.request_id)
+            return None
         return super().handle(msg, frames)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewed: list[str] = []
 
 
 async def test_held_kv_is_pulled_through_any_client(tmp_path: Path) -> None:
@@ -146,6 +153,28 @@ async def test_held_kv_is_pulled_through_any_client(tmp_path: Path) -> None:
         a.release_kv("other")
         with pytest.raises(InvalidRequestError, match="no KV held"):
             await b.pull_kv("other")
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+    assert shared.join(5)
+
+
+async def test_a_lease_renewed_through_any_client_reaches_the_holder(tmp_path: Path) -> None:
+    """Issue 41 item 5: the renewal (RenewKv) finds the KV under the holding server's qualified
+    id, from whichever server the decode side's call lands on, and leaves it to be pulled."""
+    core = HoldingCore()
+    shared = SharedCore(tmp_path, 2, core)
+    a, b = shared.client(0), shared.client(1)
+    await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 10)
+    try:
+        await a.prefill(req("ctx"))
+        b.renew_kv("ctx")
+        a.renew_kv("ctx")
+        for _ in range(100):  # two inboxes: the renewals arrive in either order
+            if len(core.renewed) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert core.renewed == ["0/ctx", "0/ctx"]
+        assert await b.pull_kv("ctx") == b"0/ctx"  # still held after two renewals
     finally:
         await asyncio.gather(a.stop(), b.stop())
     assert shared.join(5)

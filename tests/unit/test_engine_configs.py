@@ -33,6 +33,8 @@ def test_the_documented_set_ships() -> None:
         "gemma3-vswa-agg.yaml",
         "llava-v1.6-mistral-7b-agg.yaml",
         "llama4-eagle-agg.yaml",
+        "llama-3.1-8b-prefill.yaml",
+        "llama-3.1-8b-decode.yaml",
     } <= names
 
 
@@ -69,6 +71,24 @@ def test_deepseek_disagg_pair_matches() -> None:
     assert decode["enable_attention_dp"] is True
     spec = decode["speculative_config"]["num_nextn_predict_layers"]
     assert decode["max_num_tokens"] >= max(decode["cuda_graph_config"]["batch_sizes"]) * (spec + 1)
+
+
+def test_llama_8b_pair_moves_whole_prompts_through_ucx() -> None:
+    """Issue 41 item 6: one GPU each side, the cache transceiver on UCX with a buffer that holds
+    the longest prompt's KV (docs/source/features/disagg-serving.md: max_tokens_in_buffer at
+    least the longest input), the same KV settings on both sides, overlap off on prefill."""
+    prefill, decode = _load("llama-3.1-8b-prefill.yaml"), _load("llama-3.1-8b-decode.yaml")
+    for cfg in (prefill, decode):
+        ctc = cfg["cache_transceiver_config"]
+        assert ctc["backend"] == "UCX"
+        assert ctc["max_tokens_in_buffer"] >= prefill["max_seq_len"]
+        assert cfg.get("tensor_parallel_size", 1) == 1
+    assert prefill["kv_cache_config"].get("dtype") == decode["kv_cache_config"].get("dtype")
+    assert prefill["kv_cache_config"].get("tokens_per_block") == decode["kv_cache_config"].get(
+        "tokens_per_block"
+    )
+    assert prefill["disable_overlap_scheduler"] is True
+    assert decode["max_num_tokens"] >= 256  # the decode side's own short prefills
 
 
 def test_gpt_oss_pair() -> None:

@@ -120,13 +120,15 @@ async def test_failed_sibling_falls_back_or_fails_when_required() -> None:
         await run(transport, max_local_prefill_tokens=0, require_remote_prefill=True)
 
 
-async def test_busy_sibling_falls_back_and_stays_healthy() -> None:
-    """A 503 (the sibling's admission is full, or it drains) is not a failure: prefill locally
-    and keep picking it."""
+async def test_busy_sibling_is_retried_then_local_by_policy_and_stays_healthy() -> None:
+    """A 503 (the sibling's admission is full, or it drains) is not a failure: retried
+    --remote-prefill-retries times, then prefilled locally by policy; the sibling is never
+    marked unhealthy."""
     transport, seen = sibling(busy=True)
-    events, stats = await run(transport, max_local_prefill_tokens=0)
-    assert "POST /internal/v1/prefill" in seen
-    assert stats.outcomes["local_fallback"] == 1 and events[-1].finish_reason is not None
+    events, stats = await run(transport, max_local_prefill_tokens=0, remote_prefill_retries=2)
+    assert seen.count("POST /internal/v1/prefill") == 3  # the first ask and two retries
+    assert stats.outcomes == {"local_busy": 1} and events[-1].finish_reason is not None
+    assert stats.busy_answers == {"http://p1": 3}
     assert stats.siblings_healthy.get("http://p1") is not False  # never marked unhealthy
     with pytest.raises(RemotePrefillFailedError):
         await run(transport, max_local_prefill_tokens=0, require_remote_prefill=True)

@@ -81,7 +81,7 @@ def test_unknown_sampling_key_is_refused() -> None:
 def test_prefill_answer_bytes_and_generation_only() -> None:
     lps = (TokenLogprob(7, -0.25, ((7, -0.25), (8, -2.0))),)
     res = PrefillResult("r-1", (7,), lps, prompt_tokens=3, cached_tokens=1, opaque_state=b"\x00s")
-    raw = wire.encode(wire.PrefillAnswer.of(res))
+    raw = wire.encode(wire.PrefillAnswer.of(res, lease_s=30.0))
     assert json.loads(raw) == {
         "protocol_version": 1,
         "request_id": "r-1",
@@ -94,6 +94,7 @@ def test_prefill_answer_bytes_and_generation_only() -> None:
             "ctx_request_id": "r-1",
             "opaque_state": base64.b64encode(b"\x00s").decode(),
         },
+        "lease_s": 30.0,
     }
     disagg = wire.decode(raw, wire.PrefillAnswer).generation_only(kv_payload=b"kv")
     assert disagg == DisaggParams("generation_only", (7,), lps, "r-1", b"\x00s")
@@ -127,3 +128,14 @@ def test_kv_events_lines() -> None:
 def test_paths() -> None:
     assert wire.kv_path("ctx-1") == "/internal/v1/kv/ctx-1"
     assert wire.PREFILL_PATH == "/internal/v1/prefill"
+
+
+def test_a_busy_answers_queue_reads_back_and_unknown_counts_stay_unknown() -> None:
+    """A busy sibling's 503 carries its queue in two headers (any case); an older sibling's
+    503 without them, or a malformed count, is an unknown queue, never a zero one."""
+    queue = wire.QueueReport(requests=3, tokens=6144)
+    headers = {k.upper(): v for k, v in queue.headers().items()}
+    assert wire.QueueReport.of_headers(headers) == queue
+    assert wire.QueueReport.of_headers({}) == wire.QueueReport(None, None)
+    bad = {wire.QUEUE_REQUESTS_HEADER: "-1", wire.QUEUE_TOKENS_HEADER: "9" * 30}
+    assert wire.QueueReport.of_headers(bad) == wire.QueueReport(None, None)

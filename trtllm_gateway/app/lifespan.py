@@ -26,6 +26,7 @@ from trtllm_gateway.engine.protocol import EngineBase
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache
 from trtllm_gateway.web.metrics import GatewayMetrics
+from trtllm_gateway.web.prefill_queue import PrefillQueue
 from trtllm_gateway.web.state import State
 from trtllm_gateway.web.tracing import Tracer
 
@@ -102,6 +103,7 @@ def create_lifespan(
                 metrics=metrics,
                 http=http,
                 media_cache=MediaCache(config.media.media_cache_bytes),
+                prefill_queue=PrefillQueue(config.disagg.max_queued_prefill_tokens),
             )
             drain.bind(state)
             publishers: list[ZmqKvPublisher] = []  # --kv-events-zmq

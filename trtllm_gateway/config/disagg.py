@@ -30,6 +30,25 @@ class DisaggConfig(BaseModel):
         description="Seconds for each call to a prefill sibling (its context phase, then the KV "
         "pull), the whole exchange: a sibling that never finishes answering is a failure.",
     )
+    max_queued_prefill_tokens: int | None = Field(
+        32768,
+        ge=1,
+        description="Prefill mode: prompt tokens of context phases in flight past which a new "
+        "one is refused with 503 and the queue, so the decode side retries or prefills locally "
+        "instead of timing out (null: no bound).",
+    )
+    busy_local_factor: float = Field(
+        8.0,
+        ge=0.0,
+        description="Decode mode: prefill locally when every prefill sibling is busy (503) with "
+        "more than this many times the prompt's uncached tokens queued; otherwise retry.",
+    )
+    remote_prefill_retries: int = Field(
+        4,
+        ge=0,
+        description="Decode mode: retries of busy (503) prefill siblings before a prompt is "
+        "prefilled locally; the waits double from 0.1 s, within the sibling's Retry-After.",
+    )
     sibling_backoff: float = Field(
         5.0, gt=0.0, description="Seconds a failed sibling is skipped before a /health recheck."
     )

@@ -110,8 +110,10 @@ def generated_cuda_graph_batch_sizes(max_batch_size: int, enable_padding: bool) 
 
 
 class CacheTransceiverConfig(StrictModel):
+    """llm_args.py's CacheTransceiverConfig; max_tokens_in_buffer unbounded, as upstream."""
+
     backend: Literal["DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"] | None = None
-    max_tokens_in_buffer: int | None = Field(None, ge=1)
+    max_tokens_in_buffer: int | None = None
     kv_transfer_timeout_ms: int | None = Field(None, gt=0)  # llm_args.py: gt=0
     kv_transfer_sender_future_timeout_ms: int | None = None
 

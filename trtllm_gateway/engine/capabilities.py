@@ -45,6 +45,10 @@ class KvHandoff(Protocol):
     def release_kv(self, ctx_request_id: str) -> None:
         """Free held KV without pulling it (the decode side gave up); idempotent."""
 
+    def renew_kv(self, ctx_request_id: str) -> None:
+        """Hold the KV another hand-off timeout from now (the decode side still waits to pull
+        it); unknown or already pulled ids are a no-op."""
+
     def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
         """Prompt tokens the local prefix cache already holds (conditional disaggregation)."""
         ...

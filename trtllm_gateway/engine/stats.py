@@ -11,7 +11,21 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-OUTCOMES = ("remote", "local_short", "local_logprobs", "local_fallback", "failed")
+# One per request, the path its prompt took (docs/metrics.md): remote on the first sibling
+# asked; remote_retried after one or more busy answers; local_short under
+# --max-local-prefill-tokens (or with images); local_logprobs (TensorRT-LLM); local_busy by
+# BusyPolicy, every sibling busy; local_no_room, no KV room here in time; local_fallback after a
+# sibling failure or with no healthy sibling; failed (--require-remote-prefill, a mismatch).
+OUTCOMES = (
+    "remote",
+    "remote_retried",
+    "local_short",
+    "local_logprobs",
+    "local_busy",
+    "local_no_room",
+    "local_fallback",
+    "failed",
+)
 
 
 @dataclass
@@ -21,6 +35,8 @@ class RemotePrefillStats:
     # KV pull latencies (seconds) not yet taken by the collector's histogram.
     kv_seconds: list[float] = field(default_factory=list)
     siblings_healthy: dict[str, bool] = field(default_factory=dict)
+    busy_answers: Counter[str] = field(default_factory=Counter)  # 503s by sibling URL
+    lease_renewals: int = 0  # hand-off leases renewed while a pull waited
 
     def record(self, outcome: str) -> None:
         self.outcomes[outcome] += 1

@@ -55,11 +55,19 @@ class GatewayError(Exception):
     error_type = "InternalServerError"
     default_code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code or self.default_code
+        self.headers = headers  # sent with the error (a busy prefill sibling's queue)
 
 
 class BadRequestError(GatewayError):
@@ -162,7 +170,8 @@ def anthropic_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
 
 
 def _response(err: GatewayError, request: Request | None = None) -> JSONResponse:
-    headers = {"Retry-After": RETRY_AFTER_S} if err.status_code == 503 else None
+    headers = {"Retry-After": RETRY_AFTER_S} if err.status_code == 503 else {}
+    headers |= err.headers or {}
     if request is not None and request.url.path.startswith(ANTHROPIC_PREFIX):
         status, body = anthropic_error(err)
         return JSONResponse(body, status_code=status, headers=headers)

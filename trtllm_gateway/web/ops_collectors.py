@@ -125,13 +125,29 @@ class RemotePrefillCollector(Collector):
         model = self._model_name()
         outcomes = CounterMetricFamily(
             PREFIX + "remote_prefill",
-            "Requests by prefill placement: remote, local_short, local_logprobs, local_fallback, "
-            "failed.",
+            "Requests by the path their prompt took: remote, remote_retried (after busy "
+            "siblings), local_short, local_logprobs, local_busy (by policy), local_no_room, "
+            "local_fallback (after a failure), failed.",
             labels=["model_name", "outcome"],
         )
         for outcome in sorted({*OUTCOMES, *stats.outcomes}):
             outcomes.add_metric([model, outcome], float(stats.outcomes.get(outcome, 0)))
         yield outcomes
+        busy = CounterMetricFamily(
+            PREFIX + "remote_prefill_busy",
+            "Busy (503) answers of prefill siblings, each retried or prefilled locally.",
+            labels=["model_name", "sibling"],
+        )
+        for url, n in sorted(stats.busy_answers.items()):
+            busy.add_metric([model, url], float(n))
+        yield busy
+        renewals = CounterMetricFamily(
+            PREFIX + "kv_lease_renewals",
+            "Hand-off leases renewed at prefill siblings while a KV pull waited.",
+            labels=["model_name"],
+        )
+        renewals.add_metric([model], float(stats.lease_renewals))
+        yield renewals
         kv_bytes = CounterMetricFamily(
             PREFIX + "kv_transfer_bytes", "KV bytes pulled from siblings.", labels=["model_name"]
         )

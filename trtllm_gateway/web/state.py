@@ -13,6 +13,7 @@ from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache
 from trtllm_gateway.web.admission import AdmissionControl
 from trtllm_gateway.web.metrics import GatewayMetrics
+from trtllm_gateway.web.prefill_queue import PrefillQueue
 
 
 @dataclass
@@ -29,6 +30,8 @@ class State:
     draining: bool = False
     # Decoded images by content hash (multimodal/); its counters are metrics.media.
     media_cache: MediaCache = field(default_factory=lambda: MediaCache(0))
+    # Context phases in flight on a prefill instance (routers/internal/disagg.py).
+    prefill_queue: PrefillQueue = field(default_factory=lambda: PrefillQueue(None))
     _model_name: str | None = field(default=None, repr=False)
     _stopping: asyncio.Future[None] | None = field(default=None, repr=False)
 

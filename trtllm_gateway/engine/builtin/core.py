@@ -48,6 +48,7 @@ from trtllm_gateway.engine.transport.messages import (
     OutputBatch,
     Ready,
     ReleaseKv,
+    RenewKv,
     Reply,
     RequestError,
     Stop,
@@ -122,6 +123,8 @@ class EngineCore:
                 return Reply(msg.cookie, RequestError("invalid", text)), None
         elif isinstance(msg, ReleaseKv):
             st.release_kv(msg.request_id)
+        elif isinstance(msg, RenewKv):
+            st.outcomes.renew_handoff(msg.request_id, time.perf_counter())
         elif isinstance(msg, Stop):
             self.stopping = True
             self._pending += st.abort_all()

@@ -41,6 +41,12 @@ class Outcomes:
         # Prefill side: finished context phases whose KV blocks wait for a sibling to pull them.
         self.handoffs: dict[str, tuple[Sequence, float]] = {}
 
+    def renew_handoff(self, request_id: str, now: float) -> None:
+        """The decode side still waits for this hand-off: it expires a timeout from now."""
+        entry = self.handoffs.get(request_id)
+        if entry is not None:
+            self.handoffs[request_id] = (entry[0], now + self.handoff_timeout)
+
     def fail(self, seqs: list[Sequence], error: EngineError) -> Emitted:
         for seq in seqs:
             self.seqs.pop(seq.request_id, None)

@@ -5,6 +5,12 @@ phase over HTTP (same token ids and request id; the internal key as credential),
 blobs when the inner engine is the built-in one, and continues decoding on the inner engine. A
 failing sibling falls back to local prefill unless --require-remote-prefill; cancelling the
 request cancels the sibling's work too. Sibling protocol: engine/disagg/sibling_wire.py.
+
+Backpressure, not health (issue 41): KV room here is reserved before a prompt is sent
+(kv_room.py); a busy sibling (503 with its queue) is retried or the prompt prefilled locally by
+BusyPolicy (prefill_policy.py) and never marked unhealthy; only connection and protocol
+failures mark a sibling (SiblingDownError), and a slow one that still answers /health is not;
+the hand-off lease is renewed while the KV pull waits.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Container
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -24,6 +30,8 @@ from trtllm_gateway.engine.capabilities import EngineExtras, KvHandoff
 from trtllm_gateway.engine.disagg import kv_check, kv_wire
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
+from trtllm_gateway.engine.disagg.kv_room import KvRoom, Reservation, block_size_of
+from trtllm_gateway.engine.disagg.prefill_policy import BusyPolicy
 from trtllm_gateway.engine.disagg.siblings import Sibling, SiblingPool, sibling_headers
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
@@ -41,11 +49,25 @@ logger = logging.getLogger(__name__)
 
 
 class SiblingError(Exception):
-    """A sibling failed (unreachable, timeout, non-2xx, bad payload); fall back if allowed."""
+    """A sibling did not serve this prompt (slow, its KV expired): fall back if allowed."""
+
+
+class SiblingDownError(SiblingError):
+    """A connection or protocol failure (refused, reset, non-2xx, bad payload): the sibling is
+    marked unhealthy and skipped for --sibling-backoff."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class SiblingBusyError(SiblingError):
-    """A sibling answered 503 (full or draining): prefill locally, but it is not unhealthy."""
+    """A sibling answered 503 (full or draining) with its queue: BusyPolicy decides."""
+
+    def __init__(self, message: str, queue: wire.QueueReport, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +76,16 @@ class Answer:
 
     status_code: int
     content: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def retry_after(self) -> float | None:
+        """A 503's Retry-After in seconds (None: absent or an HTTP date)."""
+        value = self.headers.get("retry-after", "")
+        try:
+            return max(0.0, float(value)) if value else None
+        except ValueError:
+            return None
 
     @property
     def text(self) -> str:
@@ -84,6 +116,8 @@ class RemotePrefillEngine:
         )
         self.pools = parse_prefill_pools(config.prefill_pools) if config.prefill_pools else ()
         self.followers: list[KvFollower] = []  # KV-aware routing (docs/kv_events.md)
+        self.policy = BusyPolicy(config.busy_local_factor, config.remote_prefill_retries)
+        self.room = KvRoom(inner.health, block_size_of(inner.info.kv_layout))
         self._client: httpx.AsyncClient | None = None
         self._transport = transport
         key = config.internal_api_key
@@ -103,6 +137,7 @@ class RemotePrefillEngine:
         )
         await self.inner.start()
         self.info = self.inner.info
+        self.room.block_size = block_size_of(self.info.kv_layout)
         for sib in self.pool.siblings:
             try:
                 await self._check(sib)
@@ -131,67 +166,124 @@ class RemotePrefillEngine:
         self.inner.abort(request_id)
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        disagg = await self._context_phase(req)
-        inner_req = req if disagg is None else replace(req, disagg=disagg)
-        stream = self.inner.generate(inner_req)
+        room: Reservation | None = None
         try:
-            async for ev in stream:
-                yield ev
+            disagg, room = await self._context_phase(req)
+            inner_req = req if disagg is None else replace(req, disagg=disagg)
+            stream = self.inner.generate(inner_req)
+            try:
+                async for ev in stream:
+                    if room is not None:  # admitted: its blocks are the engine's own now
+                        room.release()
+                    yield ev
+            finally:
+                await stream.aclose()  # type: ignore[attr-defined]
         finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+            if room is not None:
+                room.release()
 
     # --- the context phase ---------------------------------------------------------------
-    async def _context_phase(self, req: GenerateRequest) -> DisaggParams | None:
-        """DisaggParams from a sibling, or None to prefill locally."""
+    async def _context_phase(
+        self, req: GenerateRequest
+    ) -> tuple[DisaggParams | None, Reservation | None]:
+        """DisaggParams from a sibling and the KV room held for them here, or (None, None) to
+        prefill locally."""
         uncached = len(req.prompt_token_ids)
         if isinstance(self.inner, KvHandoff):
             uncached -= self.inner.cached_prefix_tokens(req.prompt_token_ids)
         if uncached < self.config.max_local_prefill_tokens or req.images:
             self.remote_prefill_stats.record("local_short")
-            return None
+            return None, None
         if self.info.engine == "trtllm" and (
             req.sampling.logprobs is not None or req.sampling.prompt_logprobs is not None
         ):
             # TensorRT-LLM 1.2 has no logprob for the token a context sibling hands over and
             # fails such a stream (executor/result.py asserts): prefill here, logprobs right.
             self.remote_prefill_stats.record("local_logprobs")
-            return None
-        sib = self._choose(req.prompt_token_ids)
-        if sib is None:
-            self._fallback(req, "no healthy prefill sibling")
-            return None
+            return None, None
+        # Room for the prompt's KV and its first tokens (one block more) before any sibling
+        # computes KV for it.
+        first = min(req.sampling.max_tokens, self.room.block_size or 1)
+        room = await self.room.reserve(
+            len(req.prompt_token_ids) + first, self.config.remote_prefill_timeout
+        )
+        if room is None:
+            self._fallback(req, "no KV room for the prompt here in time", "local_no_room")
+            return None, None
         try:
-            with self.pool.busy(sib, uncached):
-                disagg = await self._remote(sib, req)
-        except SiblingMismatchError as e:
-            self.remote_prefill_stats.record("failed")
-            raise RemotePrefillFailedError(str(e)) from None
-        except SiblingBusyError as e:
-            self._fallback(req, f"prefill sibling {sib.url} is busy: {e}")
-            return None
-        except SiblingError as e:
-            self._mark(sib, healthy=False)
-            self._fallback(req, f"prefill sibling {sib.url} failed: {e}")
-            return None
-        self.remote_prefill_stats.record("remote")
-        return disagg
+            disagg = await self._remote_or_local(req, uncached)
+        except BaseException:
+            room.release()
+            raise
+        if disagg is None:
+            room.release()
+            return None, None
+        return disagg, room
 
-    def _choose(self, prompt_token_ids: tuple[int, ...]) -> Sibling | None:
-        """The prompt length's pool (--prefill-pools), then the KV-aware or least-busy pick."""
-        among = None
+    async def _remote_or_local(self, req: GenerateRequest, uncached: int) -> DisaggParams | None:
+        """Ask siblings until one serves the context phase, every one is busy past BusyPolicy,
+        or one fails (None: prefill locally)."""
+        busy: dict[str, wire.QueueReport] = {}  # this round's busy answers, by sibling URL
+        retries, retry_after, was_busy = 0, None, False
+        while True:
+            sib = self._choose(req.prompt_token_ids, exclude=busy)
+            if sib is None and busy:
+                retries += 1
+                wait = self.policy.wait_before_retry(uncached, busy.values(), retries, retry_after)
+                if wait is None:
+                    why = f"every prefill sibling is busy ({_queues(busy)})"
+                    self._fallback(req, why, "local_busy")
+                    return None
+                await asyncio.sleep(wait)
+                busy.clear()
+                continue
+            if sib is None:
+                self._fallback(req, "no healthy prefill sibling")
+                return None
+            try:
+                with self.pool.busy(sib, uncached):
+                    disagg = await self._remote(sib, req)
+            except SiblingMismatchError as e:
+                self.remote_prefill_stats.record("failed")
+                raise RemotePrefillFailedError(str(e)) from None
+            except SiblingBusyError as e:
+                self.remote_prefill_stats.busy_answers[sib.url] += 1
+                busy[sib.url], retry_after, was_busy = e.queue, e.retry_after, True
+                continue
+            except SiblingDownError as e:
+                self._mark(sib, healthy=False)
+                self._fallback(req, f"prefill sibling {sib.url} failed: {e}")
+                return None
+            except SiblingError as e:
+                self._fallback(req, f"prefill sibling {sib.url} did not serve it: {e}")
+                return None
+            self.remote_prefill_stats.record("remote_retried" if was_busy else "remote")
+            return disagg
+
+    def _choose(
+        self, prompt_token_ids: tuple[int, ...], exclude: Container[str] = ()
+    ) -> Sibling | None:
+        """The prompt length's pool (--prefill-pools), then the KV-aware or least-busy pick,
+        among those not in `exclude` (the siblings that answered busy this round)."""
+        among: list[Sibling] | None = None
         pool = pool_for(self.pools, len(prompt_token_ids))
         if pool is not None:
             among = [s for s in self.pool.siblings if s.url in pool.urls]
+        if exclude:
+            among = [
+                s for s in (self.pool.siblings if among is None else among) if s.url not in exclude
+            ]
         if self.followers:
             return self.pool.pick_for(prompt_token_ids, among)[0]
         return self.pool.pick(among)
 
-    def _fallback(self, req: GenerateRequest, why: str) -> None:
+    def _fallback(self, req: GenerateRequest, why: str, outcome: str = "local_fallback") -> None:
         if self.config.require_remote_prefill:
             self.remote_prefill_stats.record("failed")
             raise RemotePrefillFailedError(f"{why} (--require-remote-prefill is set)")
-        logger.warning("request %s: %s; prefilling locally", req.request_id, why)
-        self.remote_prefill_stats.record("local_fallback")
+        log = logger.info if outcome == "local_busy" else logger.warning
+        log("request %s: %s; prefilling locally", req.request_id, why)
+        self.remote_prefill_stats.record(outcome)
 
     def _mark(self, sib: Sibling, healthy: bool) -> None:
         self.pool.mark(sib, healthy)
@@ -199,7 +291,7 @@ class RemotePrefillEngine:
 
     async def _remote(self, sib: Sibling, req: GenerateRequest) -> DisaggParams:
         if not sib.healthy and not await self._healthy(sib):
-            raise SiblingError("still unhealthy")
+            raise SiblingDownError("still unhealthy")
         await self._check(sib)
         body = wire.PrefillBody.of(req.request_id, req.prompt_token_ids, req.sampling)
         content = wire.encode(body)
@@ -208,13 +300,15 @@ class RemotePrefillEngine:
             answer = wire.decode(res.content, wire.PrefillAnswer)
             disagg = answer.generation_only(kv_payload=None)
         except wire.SiblingWireError as e:
-            raise SiblingError(f"bad prefill response: {e}") from None
+            raise SiblingDownError(f"bad prefill response: {e}") from None
         vocab = self.info.vocab_size
         first = answer.first_token_ids
         if not first or (vocab and not all(0 <= t < vocab for t in first)):
-            raise SiblingError(f"bad prefill response: first token ids {list(first)[:8]}")
+            raise SiblingDownError(f"bad prefill response: first token ids {list(first)[:8]}")
         if isinstance(self.inner, KvHandoff):
-            kv = await self._pull(sib, answer.disaggregated_params.ctx_request_id, req)
+            ctx_id = answer.disaggregated_params.ctx_request_id
+            async with self._leased(sib, ctx_id, answer.lease_s):
+                kv = await self._pull(sib, ctx_id, req)
             disagg = replace(disagg, kv_payload=kv)
         self._mark(sib, healthy=True)
         return disagg
@@ -231,13 +325,41 @@ class RemotePrefillEngine:
         except asyncio.CancelledError:
             await self._release(sib, ctx_id)
             raise
+        except SiblingDownError as e:
+            if e.status == 404:  # its hand-off expired: a lost prompt, not a dead sibling
+                raise SiblingError(f"KV no longer held: {e}") from None
+            raise
         blob = res.content
         try:
             await asyncio.to_thread(kv_check.check_blob, blob, layout, tokens)
         except kv_wire.KvWireError as e:
-            raise SiblingError(f"bad KV: {e}") from None
+            raise SiblingDownError(f"bad KV: {e}") from None
         self.remote_prefill_stats.observe_transfer(len(blob), time.perf_counter() - t0)
         return blob
+
+    @contextlib.asynccontextmanager
+    async def _leased(self, sib: Sibling, ctx_id: str, lease_s: float) -> AsyncIterator[None]:
+        """Renew the sibling's hold on ctx_id's KV every third of its lease while the body
+        runs (a sibling that named no lease is not renewed)."""
+        if lease_s <= 0:
+            yield
+            return
+        renewing = asyncio.create_task(self._renew(sib, ctx_id, lease_s / 3))
+        try:
+            yield
+        finally:
+            renewing.cancel()
+            await asyncio.gather(renewing, return_exceptions=True)
+
+    async def _renew(self, sib: Sibling, ctx_id: str, every: float) -> None:
+        assert self._client is not None
+        url = f"{sib.url}{wire.lease_path(ctx_id)}"
+        while True:
+            await asyncio.sleep(every)
+            with contextlib.suppress(httpx.HTTPError):  # the pull itself reports a failure
+                res = await self._client.post(url, headers=self._auth, timeout=every)
+                if res.status_code == 200:
+                    self.remote_prefill_stats.lease_renewals += 1
 
     async def _release(self, sib: Sibling, ctx_id: str) -> None:
         with contextlib.suppress(httpx.HTTPError):
@@ -295,13 +417,21 @@ class RemotePrefillEngine:
         try:
             async with asyncio.timeout(deadline):
                 res = await self._exchange(method, url, headers, content, max_bytes)
-        except TimeoutError:
-            raise SiblingError(f"{method} {path} took more than {deadline:g} s") from None
+        except (TimeoutError, httpx.TimeoutException):
+            # Slow is not dead: a sibling whose /health still answers is not marked.
+            slow = f"{method} {path} took more than {deadline:g} s"
+            raise (SiblingError if await self._healthy(sib) else SiblingDownError)(slow) from None
         except httpx.HTTPError as e:
-            raise SiblingError(f"{type(e).__name__}: {e}") from None
+            raise SiblingDownError(f"{type(e).__name__}: {e}") from None
+        if res.status_code == 503:
+            queue = wire.QueueReport.of_headers(res.headers)
+            raise SiblingBusyError(
+                f"{method} {path} answered 503: {res.text[:200]}", queue, res.retry_after
+            )
         if res.status_code != 200:
-            error = SiblingBusyError if res.status_code == 503 else SiblingError
-            raise error(f"{method} {path} answered {res.status_code}: {res.text[:200]}")
+            raise SiblingDownError(
+                f"{method} {path} answered {res.status_code}: {res.text[:200]}", res.status_code
+            )
         return res
 
     async def _exchange(
@@ -320,12 +450,16 @@ class RemotePrefillEngine:
         try:
             declared = res.headers.get("content-length", "")
             if max_bytes is not None and declared.isdigit() and int(declared) > max_bytes:
-                raise SiblingError(f"{url} declares {declared} bytes, more than {max_bytes}")
+                raise SiblingDownError(f"{url} declares {declared} bytes, more than {max_bytes}")
             body = bytearray()
             async for chunk in res.aiter_bytes():
                 body += chunk
                 if max_bytes is not None and len(body) > max_bytes:
-                    raise SiblingError(f"{url} sent more than {max_bytes} bytes")
+                    raise SiblingDownError(f"{url} sent more than {max_bytes} bytes")
         finally:
             await res.aclose()
-        return Answer(res.status_code, bytes(body))
+        return Answer(res.status_code, bytes(body), {k.lower(): v for k, v in res.headers.items()})
+
+
+def _queues(busy: dict[str, wire.QueueReport]) -> str:
+    return ", ".join(f"{url}: {q.requests} requests, {q.tokens} tokens" for url, q in busy.items())

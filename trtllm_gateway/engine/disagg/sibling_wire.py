@@ -4,16 +4,18 @@
     POST   /internal/v1/prefill     PrefillBody -> PrefillAnswer     a context phase on a sibling
     GET    /internal/v1/kv/{id}     -> kv_wire blob     the held prompt KV; frees it
     DELETE /internal/v1/kv/{id}     -> KvReleased       free held KV without pulling it
+    POST   /internal/v1/kv/{id}/lease  -> KvLease       keep held KV while the decode side waits
     POST   /internal/v1/encode      embed_wire pixels -> embed_wire embeds   (EPD)
     GET    /internal/v1/kv-events   NDJSON: Hello, then Resync | Heartbeat | kv_events lines
     GET    /internal/v1/load        -> Load
 
 The serving side (routers/internal/disagg.py, encode.py, kv_events.py) and the calling side
 (engine/disagg/remote_prefill.py, remote_encode.py, kv_follow.py) both use these structs, so the
-JSON
-is written and read in one place, as kv_wire.py and embed_wire.py do for the binary payloads.
-Answers decode leniently (defaults for what an older sibling may leave out); the prefill body,
-which anyone who reaches the port can send, forbids unknown fields.
+JSON is written and read in one place, as kv_wire.py and embed_wire.py do for the binary
+payloads. A busy prefill sibling answers POST /prefill with 503 and its queue in two headers
+(QUEUE_* below; an older sibling sends none, read as an unknown queue). Answers decode leniently
+(defaults for what an older sibling may leave out); the prefill body, which anyone who reaches
+the port can send, forbids unknown fields.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -40,9 +43,14 @@ PREFIX = "/internal/v1"
 INFO_PATH = f"{PREFIX}/info"
 PREFILL_PATH = f"{PREFIX}/prefill"
 KV_PATH = PREFIX + "/kv/{ctx_request_id}"  # a route template; kv_path() fills it in
+LEASE_PATH = KV_PATH + "/lease"
 ENCODE_PATH = f"{PREFIX}/encode"
 KV_EVENTS_PATH = f"{PREFIX}/kv-events"
 LOAD_PATH = f"{PREFIX}/load"
+# A 503 from POST /prefill: the context phases the sibling has admitted and not finished, and
+# their prompt tokens (what a prompt sent now would wait behind).
+QUEUE_REQUESTS_HEADER = "X-Prefill-Queue-Requests"
+QUEUE_TOKENS_HEADER = "X-Prefill-Queue-Tokens"
 
 T = TypeVar("T")
 _AT = re.compile(r" - at `\$\.(\w+)")
@@ -62,6 +70,38 @@ class SiblingWireError(ValueError):
 
 def kv_path(ctx_request_id: str) -> str:
     return KV_PATH.format(ctx_request_id=ctx_request_id)
+
+
+def lease_path(ctx_request_id: str) -> str:
+    return LEASE_PATH.format(ctx_request_id=ctx_request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueReport:
+    """A prefill sibling's queue as its 503 reports it (None: it did not say)."""
+
+    requests: int | None = None
+    tokens: int | None = None
+
+    def headers(self) -> dict[str, str]:
+        out = {}
+        if self.requests is not None:
+            out[QUEUE_REQUESTS_HEADER] = str(self.requests)
+        if self.tokens is not None:
+            out[QUEUE_TOKENS_HEADER] = str(self.tokens)
+        return out
+
+    @classmethod
+    def of_headers(cls, headers: Mapping[str, str]) -> QueueReport:
+        """The queue a 503 names; a missing or malformed header is an unknown count."""
+
+        low = {k.lower(): v for k, v in headers.items()}
+
+        def count(name: str) -> int | None:
+            value = low.get(name.lower(), "")
+            return int(value) if value.isdigit() and len(value) < 19 else None
+
+        return cls(count(QUEUE_REQUESTS_HEADER), count(QUEUE_TOKENS_HEADER))
 
 
 class SiblingInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,10 +177,12 @@ class PrefillAnswer(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     disaggregated_params: WireDisaggParams
+    lease_s: float = 0.0  # how long the sibling holds the KV unpulled (0: it did not say)
 
     @classmethod
-    def of(cls, res: PrefillResult) -> PrefillAnswer:
+    def of(cls, res: PrefillResult, lease_s: float = 0.0) -> PrefillAnswer:
         return cls(
+            lease_s=lease_s,
             request_id=res.request_id,
             first_token_ids=list(res.first_token_ids),
             first_logprobs=list(res.first_logprobs) if res.first_logprobs else None,
@@ -168,6 +210,12 @@ class KvReleased(msgspec.Struct, frozen=True):
     """DELETE /kv/{id}: always true (releasing unknown or already pulled KV is a no-op)."""
 
     released: bool = True
+
+
+class KvLease(msgspec.Struct, frozen=True, kw_only=True):
+    """POST /kv/{id}/lease: held KV kept lease_s more seconds from now (unknown ids: a no-op)."""
+
+    lease_s: float
 
 
 class Load(msgspec.Struct, frozen=True, kw_only=True):

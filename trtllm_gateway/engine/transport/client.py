@@ -187,6 +187,10 @@ class CoreClient:
         if self._state in ("ready", "draining"):
             self._send(m.ReleaseKv(ctx_request_id))
 
+    def renew_kv(self, ctx_request_id: str) -> None:
+        if self._state in ("ready", "draining"):
+            self._send(m.RenewKv(ctx_request_id))
+
     def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
         """One round trip to the core's probe thread (never waits for a step); 0 if none."""
         sock = self._probe

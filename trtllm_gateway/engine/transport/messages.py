@@ -4,7 +4,7 @@ No torch here. The protocol's frozen dataclasses (SamplingParams, TokenEvent, En
 EngineInfo) ride inside the structs as they are; msgspec encodes them natively. A KV blob travels
 as its own ZMQ frame after the message that names it, never inside the msgpack body.
 
-    client -> core   Add, Abort, ExportKv, ReleaseKv, Stop        (one PUSH/PULL pipe)
+    client -> core   Add, Abort, ExportKv, ReleaseKv, RenewKv, Stop (one PUSH/PULL pipe)
     client -> core   PrefixProbe -> ProbeReply                    (REQ/REP, answered off the loop)
     core -> client   Ready, OutputBatch (one per step), Reply, Dead
 """
@@ -99,6 +99,12 @@ class ReleaseKv(msgspec.Struct, frozen=True, tag="release"):
     request_id: str
 
 
+class RenewKv(msgspec.Struct, frozen=True, tag="renew"):
+    """Keep a held context phase's KV another hand-off timeout (the decode side still waits)."""
+
+    request_id: str
+
+
 class Stop(msgspec.Struct, frozen=True, tag="stop"):
     """Abort everything in flight, send the last batch, then Dead("stopped") and exit."""
 
@@ -111,7 +117,7 @@ class ProbeReply(msgspec.Struct, frozen=True, tag="probe_reply"):
     cached_tokens: int
 
 
-Inbound = Add | Abort | ExportKv | ReleaseKv | Stop
+Inbound = Add | Abort | ExportKv | ReleaseKv | RenewKv | Stop
 
 
 # --- core -> client -------------------------------------------------------------------------

@@ -162,6 +162,8 @@ class ManyPipes:
         qualified = f"{client}/{msg.request_id}"
         if isinstance(msg, (m.ExportKv, m.ReleaseKv)):
             qualified = self._held.pop(msg.request_id, qualified)
+        elif isinstance(msg, m.RenewKv):  # the pull or release that follows still finds it
+            qualified = self._held.get(msg.request_id, qualified)
         elif isinstance(msg, m.Add):
             self._owner[qualified] = (client, msg.request_id)
             if msg.hold_kv:

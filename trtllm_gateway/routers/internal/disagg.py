@@ -6,9 +6,11 @@ and messages).
                                        disaggregated params (opaque_state base64)
     GET    /internal/v1/kv/{id}        the held prompt KV as a binary kv_wire stream; frees it
     DELETE /internal/v1/kv/{id}        free held KV without pulling it
+    POST   /internal/v1/kv/{id}/lease  keep held KV --kv-handoff-timeout more seconds
 
 A client (the decode sibling) that disconnects during the prefill cancels it and frees its blocks.
-A prefill takes an admission slot like a generation request (503 + Retry-After when full).
+A prefill takes an admission slot like a generation request, and a place in the prefill queue
+(web/prefill_queue.py): full, it answers 503 + Retry-After with the queue in two headers.
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ from fastapi.responses import StreamingResponse
 from trtllm_gateway.engine.capabilities import KvHandoff
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.guided.compile import check_guided
-from trtllm_gateway.engine.protocol import EngineError, GenerateRequest, InvalidRequestError
+from trtllm_gateway.engine.protocol import (
+    EngineError,
+    GenerateRequest,
+    InvalidRequestError,
+    OverloadedError,
+)
 from trtllm_gateway.routers.openai import validation
 from trtllm_gateway.web import request_context
 from trtllm_gateway.web.cancel import cancel_on_disconnect
-from trtllm_gateway.web.deps import ServingDep
-from trtllm_gateway.web.errors import BadRequestError, NotFoundError
+from trtllm_gateway.web.deps import ServingDep, StateDep
+from trtllm_gateway.web.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 CHUNK = 1 << 20
 JSON = "application/json"
@@ -63,7 +70,7 @@ async def info(serving: ServingDep) -> Response:
 
 
 @router.post(wire.PREFILL_PATH)
-async def prefill(request: Request, serving: ServingDep) -> Response:
+async def prefill(request: Request, serving: ServingDep, state: StateDep) -> Response:
     body = _prefill_body(await request.body())
     if body.protocol_version != wire.PROTOCOL_VERSION:
         raise BadRequestError(
@@ -91,20 +98,29 @@ async def prefill(request: Request, serving: ServingDep) -> Response:
             )
         except InvalidRequestError as e:
             raise BadRequestError(str(e), param="sampling") from None
-    # A context phase is engine work like any request: it counts against admission, so an
-    # overloaded prefill instance answers 503 and the decode sibling prefills locally.
-    slot = serving.admission.reserve(1)
+    # A context phase is engine work like any request: it counts against admission and the
+    # prefill queue; every refusal is a 503 with the queue, which the decode side's policy reads.
+    queue = state.prefill_queue
+    ticket = queue.enter(len(req.prompt_token_ids))
+    try:
+        slot = serving.admission.reserve(1)
+    except ServiceUnavailableError as e:
+        ticket.release()
+        raise queue.busy(e.message, e.code) from None
     try:
         res = await cancel_on_disconnect(request.receive, serving.engine.prefill(req))
+    except OverloadedError as e:  # the engine's bound on KV held for siblings
+        raise queue.busy(str(e) or "prefill instance overloaded", "overloaded") from None
     finally:
         slot.release()
+        ticket.release()
     ctx = request_context.current()
     if ctx is not None:  # the request's log line and trace span report the context phase,
         ctx.request_id = req.request_id  # under the decode side's id for it
         ctx.model = serving.model_name
         ctx.prompt_tokens = res.prompt_tokens
         ctx.completion_tokens = len(res.first_token_ids)
-    return _answer(wire.PrefillAnswer.of(res))
+    return _answer(wire.PrefillAnswer.of(res, state.config.engine.kv_handoff_timeout))
 
 
 def _handoff(serving: ServingDep) -> KvHandoff:
@@ -133,3 +149,10 @@ async def pull_kv(ctx_request_id: str, serving: ServingDep) -> Response:
 async def release_kv(ctx_request_id: str, serving: ServingDep) -> Response:
     _handoff(serving).release_kv(ctx_request_id)
     return _answer(wire.KvReleased())
+
+
+@router.post(wire.LEASE_PATH)
+async def renew_lease(ctx_request_id: str, serving: ServingDep, state: StateDep) -> Response:
+    """The decode side still wants this KV: its expiry moves to now + --kv-handoff-timeout."""
+    _handoff(serving).renew_kv(ctx_request_id)
+    return _answer(wire.KvLease(lease_s=state.config.engine.kv_handoff_timeout))

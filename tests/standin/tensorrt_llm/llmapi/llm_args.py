@@ -97,6 +97,9 @@ class CudaGraphConfig(StrictBaseModel):
 
 
 class CacheTransceiverConfig(StrictBaseModel):
+    """llm_args.py's CacheTransceiverConfig (1.2): upper-case backends, an unbounded buffer, a
+    timeout > 0; tests/unit/test_cache_transceiver_config.py holds what it accepts."""
+
     backend: Literal["DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"] | None = None
     max_tokens_in_buffer: int | None = None
     kv_transfer_timeout_ms: int | None = Field(None, gt=0)
