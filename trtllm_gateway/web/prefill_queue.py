@@ -11,7 +11,7 @@ An idle instance admits any prompt, so one longer than the bound is served alone
 
 from __future__ import annotations
 
-from trtllm_gateway.engine.disagg.sibling_wire import PrefillQueue as QueueReport
+from trtllm_gateway.engine.disagg.sibling_wire import QueueReport
 from trtllm_gateway.web.errors import ServiceUnavailableError
 
 
