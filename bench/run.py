@@ -3,9 +3,10 @@
 Starts `python -m trtllm_gateway serve` on the default model (CPU, dtype auto), runs bench.serve
 at concurrency 1, 8 and 32 (random 128-token prompts, 128 output tokens, ignore_eos, streaming
 /v1/completions), notes the load and the server's run-queue wait with every run, and writes
-docs/benchmarks.md with a new CPU section to bench-results/benchmarks.md (--doc
-docs/benchmarks.md updates the doc). --gpu-summary FILE pastes a bench/gpu_suite.sh summary into
-the GPU section.
+docs/benchmarks.md with a new CPU section to bench-results/benchmarks.md, and the section it
+replaced to the top of bench-results/benchmarks_history.md (--doc docs/benchmarks.md updates the
+two tracked files; bench/doc_sections.py). --gpu-summary FILE pastes a bench/gpu_suite.sh summary
+into the GPU section the same way.
 
 With --llama-server PATH it is a race (bench/race.py): llama.cpp's server on the same GGUF is
 started beside the gateway, as its users run it: from the shell's environment less the project's
@@ -34,12 +35,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.doc_sections import archive, history_path, replace_section
 from bench.peer_env import added_since_start, differences, peer_env
 from bench.race import Server, load, race, ratios, summarize
 
 DOC = Path("docs/benchmarks.md")
-# `make bench` writes here (a copy of DOC with the new sections); docs/benchmarks.md changes only
-# when asked for with --doc docs/benchmarks.md.
+# `make bench` writes here (a copy of DOC with the new sections, and the history beside it);
+# docs/benchmarks.md and docs/benchmarks_history.md change only when asked for with --doc.
 RESULTS = Path("bench-results/benchmarks.md")
 # Issue 36's targets: the gateway's output tok/s over llama.cpp's at concurrency 1 / 8 / 32, in a
 # fair race (both servers loaded, interleaved rounds, llama.cpp in a clean environment), with the
@@ -214,15 +216,6 @@ def cpu_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_section(doc: str, name: str, body: str) -> str:
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    if begin not in doc:
-        return doc + f"\n{begin}\n{body}{end}\n"
-    head, rest = doc.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{begin}\n{body}{end}{tail}"
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
@@ -256,18 +249,29 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     res = None if args.skip_cpu else cpu_suite(args)
-    # Read the document only now: it may have been edited while the benchmark ran.
+    # Read the documents only now: they may have been edited while the benchmark ran.
     source = args.doc if args.doc.exists() else DOC
     doc = source.read_text() if source.exists() else "# Benchmarks\n"
+    hist_out = history_path(args.doc)
+    hist_source = hist_out if hist_out.exists() else history_path(DOC)
+    history = hist_source.read_text() if hist_source.exists() else ""
+    sections = []
     if args.gpu_summary is not None:
-        doc = replace_section(doc, "gpu", args.gpu_summary.read_text())
+        sections.append(("gpu", args.gpu_summary.read_text()))
     if res is not None:
         if args.json_out is not None:
             args.json_out.write_text(json.dumps(res, indent=1))
-        doc = replace_section(doc, "cpu", cpu_markdown(res))
+        sections.append(("cpu", cpu_markdown(res)))
+    today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    for name, body in sections:
+        doc, old = replace_section(doc, name, body)
+        if old is not None:
+            history = archive(history, name, old, today)
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     args.doc.write_text(doc)
-    print(f"wrote {args.doc}")
+    if history:
+        hist_out.write_text(history)
+    print(f"wrote {args.doc} and {hist_out}")
 
 
 if __name__ == "__main__":
