@@ -114,6 +114,14 @@ class EngineConfig(BaseModel):
     kv_handoff_timeout: float = Field(
         30.0, gt=0.0, description="Seconds a prefill instance keeps KV blocks nobody pulled."
     )
+    kv_staging_mb: int = Field(
+        0,
+        ge=0,
+        description="MiB of the arena a prefill instance stages prompt KV in for its decode "
+        "siblings (shared memory; on CUDA also one on the GPU, shared over CUDA IPC); 0: twice "
+        "max_model_len tokens of KV, at most half of /dev/shm's free room. A prompt that finds "
+        "it full gets 503 and its decode sibling prefills it locally.",
+    )
     max_held_kv_fraction: float = Field(
         0.5,
         gt=0.0,

@@ -110,6 +110,8 @@ class DisaggParams:
     ctx_request_id: str | None = None
     opaque_state: bytes | None = None
     kv_payload: object = field(default=None, compare=False, repr=False)
+    # context_only: stage the KV on the GPU for a sibling that copies it over CUDA IPC.
+    kv_device: bool = False
 
 
 @dataclass(frozen=True, slots=True)

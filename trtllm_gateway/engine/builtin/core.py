@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from trtllm_gateway.engine.builtin.admission import region_of_blob
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_guided import GuidedWorker
 from trtllm_gateway.engine.builtin.core_vision import VisionWorker
+from trtllm_gateway.engine.builtin.kv_handoffs import KvHandoffs
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
 from trtllm_gateway.engine.builtin.outcomes import Emitted
 from trtllm_gateway.engine.builtin.parts import EngineParts, assemble
@@ -70,7 +73,8 @@ class EngineCore:
         self._encoding: dict[str, tuple[Add, bytes | None]] = {}  # images being encoded
         self._guided: GuidedWorker | None = None
         self._constraining: dict[str, _Deferred] = {}  # grammars being built
-        self._wakeup = Wakeup()  # set when an encode or a grammar build has finished
+        self._wakeup = Wakeup()  # set when an encode, a grammar build or a KV copy finished
+        self._kv: KvHandoffs | None = None  # KV staged for siblings, and taken from them
         self.info = EngineInfo(model_id="", max_model_len=0, vocab_size=0, eos_token_ids=())
         # The prefix cache's events, forwarded with each batch to the client's own log.
         self.kv_events = KvEventLog(config.engine.block_size, capacity=1 << 20)
@@ -85,6 +89,7 @@ class EngineCore:
         timeout = self.config.engine.grammar_compile_timeout
         self._guided = GuidedWorker(parts.guided, timeout, self._wakeup.set)
         self.info = parts.info
+        self._kv = KvHandoffs(lm, parts.stepper, self.config.engine, self._wakeup.set)
         remote = self._remote_encode_outcomes() is not None
         return Ready(
             self.info, str(lm.model_dir or ""), self.health(), lm.blocks.num_blocks, remote
@@ -100,6 +105,8 @@ class EngineCore:
         st = self._st
         if isinstance(msg, Add):
             kv = frames[0] if msg.first_token_ids and frames else None
+            if msg.hold_kv:
+                self._k.want_device(msg.request_id, msg.kv_device)
             req = GenerateRequest(
                 msg.request_id, msg.prompt_token_ids, msg.sampling, trace_headers=msg.trace_headers
             )
@@ -111,19 +118,21 @@ class EngineCore:
             except EngineError as e:
                 self._pending.append((msg.request_id, e))
         elif isinstance(msg, Abort):
+            self._pending += self._k.abort(msg.request_id)
             self._pending += st.abort(msg.request_id)
             self._forget_encode(msg.request_id)
             self._forget_guided(msg.request_id)
         elif isinstance(msg, ExportKv):
-            try:
-                return Reply(msg.cookie), st.export_kv(msg.request_id)
-            except KeyError:
+            region = self._k.staged.get(msg.request_id)
+            if region is None:
                 text = f"no KV held for {msg.request_id!r} (expired or pulled)"
                 return Reply(msg.cookie, RequestError("invalid", text)), None
+            return Reply(msg.cookie, kv=region), None
         elif isinstance(msg, ReleaseKv):
-            st.release_kv(msg.request_id)
+            self._k.release(msg.request_id)
         elif isinstance(msg, Stop):
             self.stopping = True
+            self._pending += self._k.close()
             self._pending += st.abort_all()
             for request_id in list(self._encoding):
                 self._forget_encode(request_id)
@@ -144,7 +153,7 @@ class EngineCore:
     def idle_timeout(self) -> float | None:
         """How long the loop may sleep with no work: held KV hand-offs and grammar builds
         expire."""
-        waits = [1.0] if self._st.handoffs else []
+        waits = [1.0] if self._st.handoffs or self._k.holds() else []
         build = None if self._guided is None else self._guided.next_deadline()
         if build is not None:
             waits.append(build + 0.001)
@@ -158,10 +167,12 @@ class EngineCore:
             self._admit_encoded(self._vision)
         if self._guided is not None:
             self._admit_constrained(self._guided)
+        kv = self._k
+        self._pending += kv.collect(time.perf_counter())
         if st.handoffs:
             st.expire_handoffs(time.perf_counter())
         if st.scheduler.has_work():
-            self._pending += st.step()
+            self._pending += kv.stage_finished(st.step())
 
     def batch(self) -> OutputBatch:
         """What to send now (after the stream interval), with the health after the step."""
@@ -209,6 +220,11 @@ class EngineCore:
     def _st(self) -> Stepper:
         return self._p.stepper
 
+    @property
+    def _k(self) -> KvHandoffs:
+        assert self._kv is not None, "EngineCore.load() first"
+        return self._kv
+
     def _encode(self, msg: Add, req: GenerateRequest, kv: bytes | None, pixels: bytes) -> None:
         """Images: encode them off the loop; the request is admitted once they are embedded."""
         self._check_new(msg.request_id)
@@ -253,6 +269,7 @@ class EngineCore:
             or request_id in st.handoffs
             or request_id in self._encoding
             or request_id in self._constraining
+            or self._k.busy(request_id)
         ):
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
 
@@ -299,6 +316,9 @@ class EngineCore:
                 for img, p in zip(req.images, placed, strict=True)
                 if isinstance(p, PlacedImage)
             )
+        if first is not None:  # decode side: admitted once its KV is in the reserved blocks
+            self._k.load(seq, first, msg.kv_source, kv)
+            return
         self._pending += self._st.add(seq, first)
 
     def _admit(
@@ -313,8 +333,11 @@ class EngineCore:
         seq.guided = matcher
         first = None
         if msg.first_token_ids:
+            region = msg.kv_source
+            if region is None and kv_blob is not None:  # an old sibling's kv_wire blob
+                region, _ = region_of_blob(kv_blob)
             first = parts.admission.import_first(
-                seq, msg.first_token_ids, msg.first_logprobs, kv_blob
+                seq, msg.first_token_ids, msg.first_logprobs, region
             )
         return seq, first
 

@@ -1,0 +1,219 @@
+"""The KV staging arenas of one core, and the gather and scatter between them and the paged cache.
+
+    HostArena     one shared-memory segment (tgkv_*): the CPU transport, and the HTTP path's
+                  host staging (pinned with cudaHostRegister on CUDA, where that works)
+    DeviceArena   one buffer on the core's GPU; its CUDA IPC handle is taken once and opened
+                  once per peer (open_ipc), so a hand-off carries an offset, never a handle
+
+gather() writes a sequence's prompt KV as [layers, 2, tokens, kv_heads, head_dim] into a region
+with one index_select per layer and K/V (no per-block Python); scatter() is its inverse with
+index_copy_. The CUDA-only part is DeviceArena and open_ipc; everything else runs on CPU tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from multiprocessing.shared_memory import SharedMemory
+
+import torch
+
+from trtllm_gateway.engine.disagg.kv_region import (
+    ARENA_PREFIX,
+    PROBE_BYTES,
+    CudaIpcHandle,
+    HostArenas,
+    KvRegion,
+    KvRegionError,
+    RegionAllocator,
+)
+
+logger = logging.getLogger(__name__)
+
+KvCaches = list[tuple[torch.Tensor, torch.Tensor]]
+_DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)}
+
+
+def bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """An e4m3 cache moves as its bytes: gathers and index_copy_ need not support float8."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def slots_for(block_table: list[int], num_tokens: int, block_size: int, device: torch.device):  # type: ignore[no-untyped-def]
+    bt = torch.tensor(block_table, dtype=torch.long).to(device, non_blocking=True)
+    offsets = torch.arange(block_size, device=device)
+    return (bt.unsqueeze(1) * block_size + offsets).flatten()[:num_tokens]
+
+
+def as_kv(raw: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A region's uint8 bytes as the [layers, 2, tokens, heads, dim] cache-dtype tensor."""
+    return raw.view(dtype).view(shape)
+
+
+def gather(caches: KvCaches, slots: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst [layers, 2, tokens, heads, dim] (contiguous, any device) <- the cache's slots."""
+    local = dst.device == slots.device
+    out = bytes_of(dst)
+    for layer, (k, v) in enumerate(caches):
+        for j, src in enumerate((k, v)):
+            if local:
+                torch.index_select(bytes_of(src), 0, slots, out=out[layer, j])
+            else:  # device cache to a host arena: gather on the GPU, one copy down
+                out[layer, j].copy_(torch.index_select(bytes_of(src), 0, slots), non_blocking=True)
+
+
+def scatter(caches: KvCaches, slots: torch.Tensor, src: torch.Tensor) -> None:
+    """The cache's slots <- src [layers, 2, tokens, heads, dim] (on the cache's device)."""
+    data = bytes_of(src)
+    for layer, (k, v) in enumerate(caches):
+        bytes_of(k).index_copy_(0, slots, data[layer, 0])
+        bytes_of(v).index_copy_(0, slots, data[layer, 1])
+
+
+def all_finite(kv: torch.Tensor) -> bool:
+    """No NaN or infinity (a sibling's KV must not reach the prefix cache: issue 40)."""
+    if kv.dtype == torch.float8_e4m3fn:  # no infinity; NaN is S.1111.111
+        return not bool(((kv.view(torch.uint8) & 0x7F) == 0x7F).any())
+    return bool(torch.isfinite(kv).all())
+
+
+def dtype_of(name: str) -> torch.dtype:
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        raise KvRegionError(f"unsupported KV dtype {name}")
+    return dtype
+
+
+class HostArena:
+    """A shared-memory segment this core creates, stages into and unlinks at close."""
+
+    transport = "shm"
+
+    def __init__(self, size: int, pin: bool) -> None:
+        self.name = f"{ARENA_PREFIX}{os.getpid():x}_{secrets.token_hex(4)}"
+        self.shm = SharedMemory(name=self.name, create=True, size=size)
+        buf = self.shm.buf
+        assert buf is not None
+        self.token = secrets.token_hex(16).encode()
+        buf[: len(self.token)] = self.token
+        self.bytes = torch.frombuffer(buf, dtype=torch.uint8)
+        self.alloc = RegionAllocator(size, start=PROBE_BYTES)
+        self.pinned = pin and _pin(self.bytes)
+
+    def region(self, offset: int, nbytes: int) -> torch.Tensor:
+        return self.bytes[offset : offset + nbytes]
+
+    def describe(self, offset: int, kv: tuple[tuple[int, ...], str, str]) -> KvRegion:
+        shape, dtype, layout = kv
+        nbytes = _nbytes(shape, dtype)
+        return KvRegion(
+            transport="shm", arena=self.name, offset=offset, nbytes=nbytes, shape=shape,
+            dtype=dtype, kv_layout=layout,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.bytes.data_ptr())
+        del self.bytes
+        try:
+            self.shm.close()
+        except BufferError:  # a region view is still alive: the unlink below still frees it
+            logger.debug("KV arena %s closed with views alive", self.name)
+        self.shm.unlink()
+
+
+class DeviceArena:
+    """A buffer on the core's GPU shared once over CUDA IPC (cuda_ipc)."""
+
+    transport = "cuda_ipc"
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.bytes = torch.empty(size, dtype=torch.uint8, device=device)
+        self.alloc = RegionAllocator(size)
+        self.ipc = _share(self.bytes)
+        self.name = self.ipc.handle[:32]
+
+    def region(self, offset: int, nbytes: int) -> torch.Tensor:
+        return self.bytes[offset : offset + nbytes]
+
+    def describe(self, offset: int, kv: tuple[tuple[int, ...], str, str]) -> KvRegion:
+        shape, dtype, layout = kv
+        return KvRegion(
+            transport="cuda_ipc", arena=self.name, offset=offset, nbytes=_nbytes(shape, dtype),
+            shape=shape, dtype=dtype, kv_layout=layout, ipc=self.ipc,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        del self.bytes
+
+
+class Sources:
+    """Regions of other cores' arenas, opened once each (the decode side's copy source)."""
+
+    def __init__(self) -> None:
+        self.host = HostArenas()
+        self._ipc: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def tensor(self, region: KvRegion) -> torch.Tensor:
+        """The region's bytes in place (shared memory, or the peer GPU's arena)."""
+        if region.transport == "shm":
+            return torch.frombuffer(self.host.view(region), dtype=torch.uint8)
+        if region.transport == "cuda_ipc" and region.ipc is not None:
+            with self._lock:
+                arena = self._ipc.get(region.ipc.handle)
+                if arena is None:
+                    arena = self._ipc[region.ipc.handle] = open_ipc(region.ipc)
+            end = region.offset + region.nbytes
+            if region.offset < 0 or end > arena.numel():
+                raise KvRegionError(f"KV region [{region.offset}, {end}) is outside the arena")
+            return arena[region.offset : end]
+        raise KvRegionError(f"unknown KV transport {region.transport!r}")
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    n = dtype_of(dtype).itemsize
+    for d in shape:
+        n *= d
+    return n
+
+
+def _pin(t: torch.Tensor) -> bool:
+    """Page-lock a host arena for the GPU's copies (pinned staging for the HTTP path)."""
+    if not torch.cuda.is_available():
+        return False
+    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel(), 0)
+    if int(err) != 0:
+        logger.warning("KV host arena not pinned (cudaHostRegister: %s); pageable copies", err)
+        return False
+    return True
+
+
+def _share(t: torch.Tensor) -> CudaIpcHandle:
+    """The IPC handle of t's allocation, taken once (torch/multiprocessing/reductions.py,
+    reduce_tensor, calls the same _share_cuda_ on the tensor's storage)."""
+    storage = t.untyped_storage()
+    dev, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync = storage._share_cuda_()  # type: ignore[attr-defined]
+    if t.storage_offset() != 0:
+        raise RuntimeError("the KV arena must start its storage")
+    return CudaIpcHandle(
+        device=int(dev), handle=bytes(handle).hex(), size=int(size), offset=int(offset),
+        ref_counter_handle=bytes(rc_handle).hex(), ref_counter_offset=int(rc_offset),
+        event_handle=bytes(ev_handle or b"").hex(), event_sync_required=bool(ev_sync),
+    )  # fmt: skip
+
+
+def open_ipc(h: CudaIpcHandle) -> torch.Tensor:
+    """A peer core's device arena as a uint8 tensor on its GPU (torch's rebuild_cuda_tensor,
+    torch/multiprocessing/reductions.py, opens a shared storage the same way). Both processes
+    must see the arena's GPU under the same index: no CUDA_VISIBLE_DEVICES isolation."""
+    torch.cuda._lazy_init()  # type: ignore[no-untyped-call]
+    storage = torch.UntypedStorage._new_shared_cuda(  # type: ignore[attr-defined]
+        h.device, bytes.fromhex(h.handle), h.size, h.offset,
+        bytes.fromhex(h.ref_counter_handle), h.ref_counter_offset,
+        bytes.fromhex(h.event_handle), h.event_sync_required,
+    )  # fmt: skip
+    out = torch.empty(0, dtype=torch.uint8, device=f"cuda:{h.device}")
+    return out.set_(storage, 0, (h.size,), (1,))
