@@ -6,12 +6,11 @@ import asyncio
 import struct
 from dataclasses import replace
 
+import msgspec
 import pytest
 
-import msgspec
-
 from tests.engine.conftest import EngineFactory, collect, greedy
-from trtllm_gateway.engine.disagg.kv_region import KvPayload
+from trtllm_gateway.engine.kv_region import KvPayload
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     GenerateRequest,
@@ -72,7 +71,9 @@ async def test_nan_kv_in_a_region_is_refused_and_frees_the_reserved_blocks(
     res = await prefill.prefill(req)
     region = await prefill.stage_kv("n")
     prefill.arenas.view(region)[:4] = struct.pack("<f", float("nan"))
-    disagg = DisaggParams("generation_only", res.first_token_ids, None, "n", None, KvPayload(region))
+    disagg = DisaggParams(
+        "generation_only", res.first_token_ids, None, "n", None, KvPayload(region)
+    )
     with pytest.raises(InvalidRequestError, match="NaN"):
         await collect(decode, replace(req, disagg=disagg))
     prefill.release_kv("n")

@@ -30,6 +30,12 @@ class DisaggConfig(BaseModel):
         description="Seconds for each call to a prefill sibling (its context phase, then the KV "
         "pull), the whole exchange: a sibling that never finishes answering is a failure.",
     )
+    kv_transport: Literal["auto", "cuda_ipc", "shm", "http"] = Field(
+        "auto",
+        description="How a decode instance takes the KV of a sibling's prefill (protocol v2): "
+        "auto picks cuda_ipc when both instances are on GPUs of this host, shm on one host, "
+        "else http; a sibling without protocol v2 gets v1's blob (docs/disaggregation.md).",
+    )
     sibling_backoff: float = Field(
         5.0, gt=0.0, description="Seconds a failed sibling is skipped before a /health recheck."
     )

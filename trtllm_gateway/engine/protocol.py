@@ -39,6 +39,11 @@ class EngineInfo:
     # The shortest edge the image processor resizes every image to (engine/image_resize.py; 0:
     # none known): the gateway counts an image's pixels after that resize.
     image_resize_edge: int = 0
+    # KV transfer (engine/disagg/kv_region.py): the host arena a same-host sibling reads and
+    # its probe token (a prefill instance's), and whether the KV cache is on a GPU.
+    kv_arena: str = ""
+    kv_arena_token: str = ""
+    kv_cuda: bool = False
 
 
 GuidedKind = Literal["json", "json_object", "regex", "grammar"]

@@ -18,7 +18,8 @@ from trtllm_gateway.engine.builtin.sampler import check_token_ids
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.disagg import kv_wire
 from trtllm_gateway.engine.disagg.kv_check import check_region
-from trtllm_gateway.engine.disagg.kv_region import KvRegion
+from trtllm_gateway.engine.disagg.kv_transport import KV_REFUSED
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineInfo,
@@ -72,7 +73,7 @@ class Admission:
         try:
             check_region(region, self.info.kv_layout, seq.prompt_len)
         except kv_wire.KvWireError as e:
-            raise InvalidRequestError(f"remote prefill KV refused: {e}") from e
+            raise InvalidRequestError(f"{KV_REFUSED}: {e}") from e
         seq.token_ids += first_token_ids
         seq.first_token = time.perf_counter()
         return TokenEvent(first_token_ids, first_logprobs)

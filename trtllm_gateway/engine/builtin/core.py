@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -90,6 +89,13 @@ class EngineCore:
         self._guided = GuidedWorker(parts.guided, timeout, self._wakeup.set)
         self.info = parts.info
         self._kv = KvHandoffs(lm, parts.stepper, self.config.engine, self._wakeup.set)
+        arena = self._kv.worker.host_arena() if self.info.mode == "prefill" else None
+        self.info = replace(
+            self.info,
+            kv_arena=arena.name if arena is not None else "",
+            kv_arena_token=arena.token.decode() if arena is not None else "",
+            kv_cuda=lm.device.type == "cuda",
+        )
         remote = self._remote_encode_outcomes() is not None
         return Ready(
             self.info, str(lm.model_dir or ""), self.health(), lm.blocks.num_blocks, remote

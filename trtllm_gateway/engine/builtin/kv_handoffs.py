@@ -16,14 +16,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.admission import region_of_blob
+from trtllm_gateway.engine.builtin.kv_staging import KvCaches
 from trtllm_gateway.engine.builtin.kv_transfer_worker import KvTransferWorker, Staged
 from trtllm_gateway.engine.builtin.loader import LoadedModel
 from trtllm_gateway.engine.builtin.outcomes import Emitted
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
 from trtllm_gateway.engine.builtin.stepper import Stepper
-from trtllm_gateway.config.engine import EngineConfig
-from trtllm_gateway.engine.disagg.kv_region import KvRegion
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import (
     InvalidRequestError,
     OverloadedError,
@@ -210,9 +211,9 @@ class KvHandoffs:
         self.st.stalled = False
 
 
-def _token_bytes(caches: list[tuple[object, object]]) -> int:
+def _token_bytes(caches: KvCaches) -> int:
     k = caches[0][0]
-    return 2 * len(caches) * k[0].numel() * k.element_size()  # type: ignore[attr-defined]
+    return 2 * len(caches) * k[0].numel() * k.element_size()
 
 
 def arena_bytes(staging_mb: int, token_bytes: int, max_model_len: int) -> int:

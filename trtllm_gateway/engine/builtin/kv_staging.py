@@ -20,7 +20,7 @@ from multiprocessing.shared_memory import SharedMemory
 
 import torch
 
-from trtllm_gateway.engine.disagg.kv_region import (
+from trtllm_gateway.engine.kv_region import (
     ARENA_PREFIX,
     PROBE_BYTES,
     CudaIpcHandle,
@@ -41,7 +41,9 @@ def bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
-def slots_for(block_table: list[int], num_tokens: int, block_size: int, device: torch.device):  # type: ignore[no-untyped-def]
+def slots_for(
+    block_table: list[int], num_tokens: int, block_size: int, device: torch.device
+) -> torch.Tensor:
     bt = torch.tensor(block_table, dtype=torch.long).to(device, non_blocking=True)
     offsets = torch.arange(block_size, device=device)
     return (bt.unsqueeze(1) * block_size + offsets).flatten()[:num_tokens]
@@ -115,7 +117,8 @@ class HostArena:
 
     def close(self) -> None:
         if self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.bytes.data_ptr())
+            cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+            cudart.cudaHostUnregister(self.bytes.data_ptr())
         del self.bytes
         try:
             self.shm.close()
@@ -184,7 +187,8 @@ def _pin(t: torch.Tensor) -> bool:
     """Page-lock a host arena for the GPU's copies (pinned staging for the HTTP path)."""
     if not torch.cuda.is_available():
         return False
-    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel(), 0)
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    err = cudart.cudaHostRegister(t.data_ptr(), t.numel(), 0)
     if int(err) != 0:
         logger.warning("KV host arena not pinned (cudaHostRegister: %s); pageable copies", err)
         return False
@@ -195,7 +199,7 @@ def _share(t: torch.Tensor) -> CudaIpcHandle:
     """The IPC handle of t's allocation, taken once (torch/multiprocessing/reductions.py,
     reduce_tensor, calls the same _share_cuda_ on the tensor's storage)."""
     storage = t.untyped_storage()
-    dev, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync = storage._share_cuda_()  # type: ignore[attr-defined]
+    dev, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync = storage._share_cuda_()  # type: ignore[no-untyped-call]
     if t.storage_offset() != 0:
         raise RuntimeError("the KV arena must start its storage")
     return CudaIpcHandle(
@@ -210,7 +214,7 @@ def open_ipc(h: CudaIpcHandle) -> torch.Tensor:
     torch/multiprocessing/reductions.py, opens a shared storage the same way). Both processes
     must see the arena's GPU under the same index: no CUDA_VISIBLE_DEVICES isolation."""
     torch.cuda._lazy_init()  # type: ignore[no-untyped-call]
-    storage = torch.UntypedStorage._new_shared_cuda(  # type: ignore[attr-defined]
+    storage = torch.UntypedStorage._new_shared_cuda(
         h.device, bytes.fromhex(h.handle), h.size, h.offset,
         bytes.fromhex(h.ref_counter_handle), h.ref_counter_offset,
         bytes.fromhex(h.event_handle), h.event_sync_required,

@@ -1,4 +1,4 @@
-"""KvTransferWorker: a core's KV hand-off copies, on a thread of their own (on CUDA, its own stream).
+"""KvTransferWorker: a core's KV hand-off copies, on a thread of their own (on CUDA, a stream).
 
     step thread                                 kv-transfer thread
     stage(id, blocks)  ── records an event ──▶  wait for it, gather the blocks into a region of
@@ -36,7 +36,8 @@ from trtllm_gateway.engine.builtin.kv_staging import (
     scatter,
     slots_for,
 )
-from trtllm_gateway.engine.disagg.kv_region import KvRegion, KvRegionError
+from trtllm_gateway.engine.disagg.kv_transport import KV_REFUSED
+from trtllm_gateway.engine.kv_region import KvRegion, KvRegionError
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class KvTransferWorker:
         self._jobs: queue.SimpleQueue[_Stage | _Load | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[Staged | Loaded] = queue.SimpleQueue()
         self._cuda = device.type == "cuda"
-        self._stream = torch.cuda.Stream(device) if self._cuda else None
+        self._stream = torch.cuda.Stream(device) if self._cuda else None  # type: ignore[no-untyped-call]
         self.handoff_s: list[float] = []  # step-thread seconds per stage()/load() call
         self._thread = threading.Thread(target=self._run, name="kv-transfer", daemon=True)
         self._thread.start()
@@ -121,7 +122,7 @@ class KvTransferWorker:
         region = arena.describe(offset, (shape, str(self.cache_dtype), self.kv_layout))
         event = None
         if self._cuda:
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()  # the compute stream's writes of these blocks come first
         self._jobs.put(_Stage(request_id, arena, region, list(block_table), event))
         self.handoff_s.append(time.perf_counter() - t0)
@@ -165,6 +166,17 @@ class KvTransferWorker:
             arena.close()
         self._host = self._gpu = None
 
+    def host_arena(self) -> HostArena | None:
+        """The shared-memory arena, made now (a prefill instance announces it), or None when
+        /dev/shm has no room for it."""
+        try:
+            arena = self._arena(device=False)
+        except (OSError, RuntimeError) as e:
+            logger.warning("no KV staging arena in shared memory: %s", e)
+            return None
+        assert isinstance(arena, HostArena)
+        return arena
+
     def _arenas(self) -> list[HostArena | DeviceArena]:
         return [a for a in (self._host, self._gpu) if a is not None]
 
@@ -193,7 +205,7 @@ class KvTransferWorker:
                     result = self._do(job)
             except Exception as e:  # a copy that failed fails its request, not the core
                 logger.exception("KV transfer of %s failed", job.request_id)
-                why = f"KV transfer failed: {type(e).__name__}: {e}"
+                why = f"{KV_REFUSED}: the copy failed: {type(e).__name__}: {e}"
                 result = (
                     Staged(job.request_id, None, why)
                     if isinstance(job, _Stage)
@@ -223,7 +235,7 @@ class KvTransferWorker:
         if kv.device != self.device:  # the one copy across: peer GPU or host to this GPU
             kv = kv.to(self.device, non_blocking=True)
         if not all_finite(kv):
-            return Loaded(job.request_id, "remote prefill KV refused: NaN or infinite values")
+            return Loaded(job.request_id, f"{KV_REFUSED}: NaN or infinite values")
         slots = slots_for(job.block_table, r.shape[2], self.block_size, self.device)
         scatter(self.caches, slots, kv)
         self._sync()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtllm_gateway.engine.disagg import kv_wire
-from trtllm_gateway.engine.disagg.kv_region import KvRegion
+from trtllm_gateway.engine.kv_region import KvRegion
 
 # Room for the blob's magic, length and JSON header beyond the tensor bytes.
 HEADER_ALLOWANCE = 64 * 1024
@@ -104,4 +104,6 @@ def check_region(region: KvRegion, kv_layout: str, num_tokens: int) -> None:
             f"{shape.dtype}"
         )
     if region.nbytes != shape.nbytes(num_tokens) or region.offset < 0:
-        raise kv_wire.KvWireError(f"KV region holds {region.nbytes} bytes, {shape.nbytes(num_tokens)} due")
+        raise kv_wire.KvWireError(
+            f"KV region holds {region.nbytes} bytes, {shape.nbytes(num_tokens)} due"
+        )

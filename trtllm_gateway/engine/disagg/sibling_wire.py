@@ -1,4 +1,4 @@
-"""The sibling protocol (version 1): every path and JSON message between gateway instances.
+"""The sibling protocol (versions 1 and 2): every path and JSON message between gateway instances.
 
     GET    /internal/v1/info        -> SiblingInfo     compatibility check before the first prefill
     POST   /internal/v1/prefill     PrefillBody -> PrefillAnswer     a context phase on a sibling
@@ -7,6 +7,15 @@
     POST   /internal/v1/encode      embed_wire pixels -> embed_wire embeds   (EPD)
     GET    /internal/v1/kv-events   NDJSON: Hello, then Resync | Heartbeat | kv_events lines
     GET    /internal/v1/load        -> Load
+  version 2 (KV transfer v2; /info's protocol_versions says a sibling speaks it):
+    POST   /internal/v2/prefill     PrefillBodyV2 -> PrefillAnswer with `kv`, a KvRegion: where
+                                    the KV is staged (shm, cuda_ipc), never its bytes
+    GET    /internal/v2/kv/{id}     -> kv_stream frames (the HTTP path); frees the region
+    DELETE /internal/v1/kv/{id}     the decode side copied the region (or gave up): free it
+
+A decode instance picks the transport from the sibling's /info (capability exchange): same host
+(it can read the sibling's shared-memory arena and finds its probe token there) and both on
+CUDA: cuda_ipc; same host: shm; else the HTTP stream; a sibling without version 2: version 1.
 
 The serving side (routers/internal/disagg.py, encode.py, kv_events.py) and the calling side
 (engine/disagg/remote_prefill.py, remote_encode.py, kv_follow.py) both use these structs, so the
@@ -22,11 +31,12 @@ import base64
 import binascii
 import re
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
 from trtllm_gateway.engine.kv_events.log import KvCacheEvent, event_from_json
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     GuidedDecoding,
@@ -35,7 +45,8 @@ from trtllm_gateway.engine.protocol import (
     TokenLogprob,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # the version /info announces and v1 bodies carry (old peers check it)
+PROTOCOL_VERSIONS = (1, 2)
 PREFIX = "/internal/v1"
 INFO_PATH = f"{PREFIX}/info"
 PREFILL_PATH = f"{PREFIX}/prefill"
@@ -43,6 +54,9 @@ KV_PATH = PREFIX + "/kv/{ctx_request_id}"  # a route template; kv_path() fills i
 ENCODE_PATH = f"{PREFIX}/encode"
 KV_EVENTS_PATH = f"{PREFIX}/kv-events"
 LOAD_PATH = f"{PREFIX}/load"
+PREFILL_V2_PATH = "/internal/v2/prefill"
+KV_V2_PATH = "/internal/v2/kv/{ctx_request_id}"
+KvTransport = Literal["cuda_ipc", "shm", "http"]
 
 T = TypeVar("T")
 _AT = re.compile(r" - at `\$\.(\w+)")
@@ -64,6 +78,10 @@ def kv_path(ctx_request_id: str) -> str:
     return KV_PATH.format(ctx_request_id=ctx_request_id)
 
 
+def kv_v2_path(ctx_request_id: str) -> str:
+    return KV_V2_PATH.format(ctx_request_id=ctx_request_id)
+
+
 class SiblingInfo(msgspec.Struct, frozen=True, kw_only=True):
     """GET /info: a decode instance refuses a sibling whose model, layout or version differ."""
 
@@ -72,6 +90,10 @@ class SiblingInfo(msgspec.Struct, frozen=True, kw_only=True):
     kv_layout: str
     engine: str = ""
     mode: str = ""
+    protocol_versions: list[int] = msgspec.field(default_factory=lambda: [1])
+    kv_arena: str = ""  # its shared-memory staging arena, and the token at its start
+    kv_arena_token: str = ""
+    kv_cuda: bool = False  # its KV cache is on a GPU
 
 
 class PrefillBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -119,6 +141,12 @@ class PrefillBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise SiblingWireError(f"bad sampling params: {e}") from None
 
 
+class PrefillBodyV2(PrefillBody, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """POST /internal/v2/prefill: a v1 body and the transport the decode side will copy with."""
+
+    kv_transport: KvTransport = "http"
+
+
 class WireDisaggParams(msgspec.Struct, frozen=True, kw_only=True):
     """The disaggregated params of a prefill answer (TensorRT-LLM's names); state in base64."""
 
@@ -137,9 +165,10 @@ class PrefillAnswer(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     disaggregated_params: WireDisaggParams
+    kv: KvRegion | None = None  # v2: where the KV is staged
 
     @classmethod
-    def of(cls, res: PrefillResult) -> PrefillAnswer:
+    def of(cls, res: PrefillResult, kv: KvRegion | None = None) -> PrefillAnswer:
         return cls(
             request_id=res.request_id,
             first_token_ids=list(res.first_token_ids),
@@ -150,6 +179,7 @@ class PrefillAnswer(msgspec.Struct, frozen=True, kw_only=True):
                 ctx_request_id=res.request_id,
                 opaque_state=base64.b64encode(res.opaque_state).decode("ascii"),
             ),
+            kv=kv,
         )
 
     def generation_only(self, kv_payload: bytes | None) -> DisaggParams:

@@ -28,8 +28,9 @@ import zmq
 import zmq.asyncio
 
 from trtllm_gateway.engine.capabilities import EngineExtras
-from trtllm_gateway.engine.disagg.kv_region import HostArenas, KvPayload, KvRegion
+from trtllm_gateway.engine.disagg import kv_wire
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_from_json
+from trtllm_gateway.engine.kv_region import HostArenas, KvPayload, KvRegion
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
     EngineError,
@@ -186,11 +187,14 @@ class CoreClient:
         self._send(m.ExportKv(cookie, ctx_request_id))
         return await fut
 
+    def kv_view(self, region: KvRegion) -> memoryview:
+        return self.arenas.view(region)
+
     async def pull_kv(self, ctx_request_id: str) -> bytes:
         """The staged KV as a kv_wire blob (protocol v1's GET), its region then freed."""
         region = await self.stage_kv(ctx_request_id)
         try:
-            return await asyncio.to_thread(self.arenas.blob, region)
+            return await asyncio.to_thread(self._blob, region)
         finally:
             self.release_kv(ctx_request_id)
 
@@ -216,7 +220,7 @@ class CoreClient:
         if self._state != "ready":
             raise EngineDeadError(self._detail or "the engine is not serving")
 
-    def _add(self, req: GenerateRequest, hold_kv: bool) -> tuple[m.Add, list[bytes]]:
+    def _add(self, req: GenerateRequest, hold_kv: bool) -> tuple[m.Add, list[bytes | bytearray]]:
         """The Add message and the frames after it: the sibling's KV, then the pixels."""
         self._check_serving()
         if (
@@ -230,7 +234,7 @@ class CoreClient:
             hold_kv=hold_kv,
             trace_headers=req.trace_headers,
         )
-        frames: list[bytes] = []
+        frames: list[bytes | bytearray] = []
         d = req.disagg
         if d is not None and d.request_type == "generation_only":
             kv = d.kv_payload
@@ -252,7 +256,9 @@ class CoreClient:
             frames.append(images_body(req.images))
         return add, frames
 
-    async def _stream(self, add: m.Add, frames: list[bytes]) -> AsyncIterator[TokenEvent]:
+    async def _stream(
+        self, add: m.Add, frames: list[bytes | bytearray]
+    ) -> AsyncIterator[TokenEvent]:
         data = _encode_add(add)  # before anything is registered: a bad value is a 400
         q: asyncio.Queue[_Item] = asyncio.Queue()
         self._queues[add.request_id] = q
@@ -311,6 +317,17 @@ class CoreClient:
             # recv on a socket with a message queued completes without suspending: a core that
             # sends fast enough would keep this task running and starve every other (/health).
             await asyncio.sleep(0)
+
+    def _blob(self, region: KvRegion) -> bytes:
+        """A staged region as a kv_wire blob: one copy and a checksum, on a thread."""
+        header = {
+            "kv_layout": region.kv_layout,
+            "dtype": region.dtype,
+            "shape": tuple(region.shape),
+            "block_size": int(region.kv_layout.rsplit(":bs", 1)[-1]),
+            "num_tokens": region.shape[2],
+        }
+        return kv_wire.encode(header, self.arenas.view(region))
 
     @staticmethod
     def _take(msg: m.Reply) -> bytes:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from trtllm_gateway.engine.disagg.kv_region import KvRegion
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineDeadError,

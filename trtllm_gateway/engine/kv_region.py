@@ -20,8 +20,6 @@ from multiprocessing.shared_memory import SharedMemory
 
 import msgspec
 
-from trtllm_gateway.engine.disagg import kv_wire
-
 ARENA_PREFIX = "tgkv_"  # a sibling may name only segments of ours
 _ARENA_NAME = re.compile(r"^/?tgkv_[0-9a-f_]{1,64}$")
 ALIGN = 4096
@@ -66,7 +64,7 @@ class KvPayload:
     or, from the HTTP path, its bytes (data) described by region (transport "frame")."""
 
     region: KvRegion
-    data: bytes | None = None
+    data: bytes | bytearray | None = None
 
 
 @dataclass(slots=True)
@@ -148,17 +146,6 @@ class HostArenas:
         assert buf is not None
         return buf[region.offset : end]
 
-    def blob(self, region: KvRegion) -> bytes:
-        """The region as a kv_wire blob (the v1 protocol's GET): one copy and a checksum."""
-        header = {
-            "kv_layout": region.kv_layout,
-            "dtype": region.dtype,
-            "shape": tuple(region.shape),
-            "block_size": int(region.kv_layout.rsplit("bs", 1)[-1] or 0),
-            "num_tokens": region.shape[2],
-        }
-        return kv_wire.encode(header, self.view(region))
-
     def segment(self, name: str) -> SharedMemory:
         with self._lock:
             shm = self._open.get(name)
@@ -180,4 +167,3 @@ class HostArenas:
             return b""
         assert buf is not None
         return bytes(buf[:PROBE_BYTES]).rstrip(b"\0")
-
