@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import httpx
 import msgspec
@@ -46,6 +47,7 @@ from trtllm_gateway.engine.protocol import (
 from trtllm_gateway.engine.stats import RemotePrefillStats
 
 logger = logging.getLogger(__name__)
+A = TypeVar("A", bound=wire.PrefillAnswer)
 
 
 class SiblingError(Exception):
@@ -251,16 +253,16 @@ class RemotePrefillEngine:
         body = wire.PrefillBody.of(req.request_id, req.prompt_token_ids, req.sampling)
         content = wire.encode(body)
         res = await self._call("POST", sib, wire.PREFILL_PATH, content, req.trace_headers)
-        answer, disagg = self._answer(res)
+        answer, disagg = self._answer(res, wire.PrefillAnswer)
         if isinstance(self.inner, KvHandoff):
             kv = await self._pull(sib, answer.disaggregated_params.ctx_request_id, req)
             disagg = replace(disagg, kv_payload=kv)
         self._mark(sib, healthy=True)
         return disagg
 
-    def _answer(self, res: Answer) -> tuple[wire.PrefillAnswer, DisaggParams]:
+    def _answer(self, res: Answer, kind: type[A]) -> tuple[A, DisaggParams]:
         try:
-            answer = wire.decode(res.content, wire.PrefillAnswer)
+            answer = wire.decode(res.content, kind)
             disagg = answer.generation_only(kv_payload=None)
         except wire.SiblingWireError as e:
             raise SiblingError(f"bad prefill response: {e}") from None
@@ -279,7 +281,7 @@ class RemotePrefillEngine:
             "POST", sib, wire.PREFILL_V2_PATH, wire.encode(body), req.trace_headers
         )
         t0 = time.perf_counter()
-        answer, disagg = self._answer(res)
+        answer, disagg = self._answer(res, wire.PrefillAnswerV2)
         ctx_id, region = answer.disaggregated_params.ctx_request_id, answer.kv
         try:
             if region is None:

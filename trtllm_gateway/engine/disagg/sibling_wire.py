@@ -8,7 +8,7 @@
     GET    /internal/v1/kv-events   NDJSON: Hello, then Resync | Heartbeat | kv_events lines
     GET    /internal/v1/load        -> Load
   version 2 (KV transfer v2; /info's protocol_versions says a sibling speaks it):
-    POST   /internal/v2/prefill     PrefillBodyV2 -> PrefillAnswer with `kv`, a KvRegion: where
+    POST   /internal/v2/prefill     PrefillBodyV2 -> PrefillAnswerV2 with `kv`, a KvRegion: where
                                     the KV is staged (shm, cuda_ipc), never its bytes
     GET    /internal/v2/kv/{id}     -> kv_stream frames (the HTTP path); frees the region
     DELETE /internal/v1/kv/{id}     the decode side copied the region (or gave up): free it
@@ -165,10 +165,9 @@ class PrefillAnswer(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     disaggregated_params: WireDisaggParams
-    kv: KvRegion | None = None  # v2: where the KV is staged
 
     @classmethod
-    def of(cls, res: PrefillResult, kv: KvRegion | None = None) -> PrefillAnswer:
+    def of(cls, res: PrefillResult) -> PrefillAnswer:
         return cls(
             request_id=res.request_id,
             first_token_ids=list(res.first_token_ids),
@@ -179,7 +178,6 @@ class PrefillAnswer(msgspec.Struct, frozen=True, kw_only=True):
                 ctx_request_id=res.request_id,
                 opaque_state=base64.b64encode(res.opaque_state).decode("ascii"),
             ),
-            kv=kv,
         )
 
     def generation_only(self, kv_payload: bytes | None) -> DisaggParams:
@@ -192,6 +190,19 @@ class PrefillAnswer(msgspec.Struct, frozen=True, kw_only=True):
         lps = tuple(self.first_logprobs) if self.first_logprobs is not None else None
         first = tuple(self.first_token_ids)
         return DisaggParams("generation_only", first, lps, d.ctx_request_id, state, kv_payload)
+
+
+class PrefillAnswerV2(PrefillAnswer, frozen=True, kw_only=True):
+    """The answer to POST /internal/v2/prefill: v1's, and where the KV is staged."""
+
+    protocol_version: int = 2
+    kv: KvRegion | None = None
+
+    @classmethod
+    def staged(cls, res: PrefillResult, kv: KvRegion) -> PrefillAnswerV2:
+        v1 = PrefillAnswer.of(res)
+        fields = {f: getattr(v1, f) for f in v1.__struct_fields__ if f != "protocol_version"}
+        return cls(**fields, kv=kv)
 
 
 class KvReleased(msgspec.Struct, frozen=True):

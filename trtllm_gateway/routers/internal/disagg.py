@@ -107,7 +107,7 @@ async def prefill_v2(request: Request, serving: ServingDep) -> Response:
         region = await handoff.stage_kv(res.request_id)
     except EngineError as e:
         raise NotFoundError(str(e), param="request_id") from None
-    return _answer(wire.PrefillAnswer.of(res, kv=region))
+    return _answer(wire.PrefillAnswerV2.staged(res, region))
 
 
 async def _context_phase(
