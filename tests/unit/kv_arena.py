@@ -14,7 +14,9 @@ class ScriptedArena:
     """One segment; stage() writes a region of float32 KV for one token per 8 bytes."""
 
     def __init__(self, size: int = 1 << 16) -> None:
-        self.shm = SharedMemory(name=f"{ARENA_PREFIX}{secrets.token_hex(6)}", create=True, size=size)
+        self.shm = SharedMemory(
+            name=f"{ARENA_PREFIX}{secrets.token_hex(6)}", create=True, size=size
+        )
         self.at = PROBE_BYTES
         self.released: list[str] = []
 

@@ -12,6 +12,8 @@ index_copy_. The CUDA-only part is DeviceArena and open_ipc; everything else run
 
 from __future__ import annotations
 
+import _posixshmem
+import contextlib
 import logging
 import os
 import secrets
@@ -28,6 +30,7 @@ from trtllm_gateway.engine.kv_region import (
     KvRegion,
     KvRegionError,
     RegionAllocator,
+    untracked,
 )
 
 logger = logging.getLogger(__name__)
@@ -95,7 +98,9 @@ class HostArena:
 
     def __init__(self, size: int, pin: bool) -> None:
         self.name = f"{ARENA_PREFIX}{os.getpid():x}_{secrets.token_hex(4)}"
-        self.shm = SharedMemory(name=self.name, create=True, size=size)
+        # Untracked: a reader in this very process (a core in a thread of the API server) would
+        # drop the tracker's entry, and the tracker would fail on ours; close() unlinks it.
+        self.shm = untracked(SharedMemory(name=self.name, create=True, size=size))
         buf = self.shm.buf
         assert buf is not None
         self.token = secrets.token_hex(16).encode()
@@ -124,7 +129,8 @@ class HostArena:
             self.shm.close()
         except BufferError:  # a region view is still alive: the unlink below still frees it
             logger.debug("KV arena %s closed with views alive", self.name)
-        self.shm.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink(self.shm._name)  # type: ignore[attr-defined]
 
 
 class DeviceArena:
