@@ -34,7 +34,6 @@ from trtllm_gateway.engine.builtin.kv_staging import (
     dtype_of,
     gather,
     scatter,
-    slots_for,
 )
 from trtllm_gateway.engine.disagg.kv_transport import KV_REFUSED
 from trtllm_gateway.engine.kv_region import KvRegion, KvRegionError
@@ -72,7 +71,7 @@ class _Stage:
 class _Load:
     request_id: str
     region: KvRegion
-    payload: bytes | memoryview | None  # the region's bytes when they came in a frame (HTTP)
+    payload: bytes | bytearray | memoryview | None  # the bytes of a "frame" region (HTTP)
     block_table: list[int]
 
 
@@ -132,7 +131,7 @@ class KvTransferWorker:
         self,
         request_id: str,
         region: KvRegion,
-        payload: bytes | memoryview | None,
+        payload: bytes | bytearray | memoryview | None,
         block_table: list[int],
     ) -> None:
         """Queue the copy of a sibling's KV into blocks this core reserved for it."""
@@ -205,11 +204,11 @@ class KvTransferWorker:
                     result = self._do(job)
             except Exception as e:  # a copy that failed fails its request, not the core
                 logger.exception("KV transfer of %s failed", job.request_id)
-                why = f"{KV_REFUSED}: the copy failed: {type(e).__name__}: {e}"
+                why = f"the copy failed: {type(e).__name__}: {e}"
                 result = (
-                    Staged(job.request_id, None, why)
+                    Staged(job.request_id, None, f"KV staging failed: {why}")
                     if isinstance(job, _Stage)
-                    else Loaded(job.request_id, why)
+                    else Loaded(job.request_id, f"{KV_REFUSED}: {why}")
                 )
             self._done.put(result)
             self._wake()
@@ -220,13 +219,13 @@ class KvTransferWorker:
                 self._stream.wait_event(job.event)
             r = job.region
             dst = as_kv(job.arena.region(r.offset, r.nbytes), r.shape, self.cache_dtype)
-            slots = slots_for(job.block_table, r.shape[2], self.block_size, self.device)
-            gather(self.caches, slots, dst)
+            gather(self.caches, job.block_table, self.block_size, dst)
             self._sync()
             return Staged(job.request_id, r)
         r = job.region
-        if job.payload is not None:
-            raw = torch.frombuffer(bytearray(job.payload), dtype=torch.uint8)
+        if job.payload is not None:  # torch wants a writable buffer: bytes are copied once
+            data = job.payload if isinstance(job.payload, bytearray) else bytearray(job.payload)
+            raw = torch.frombuffer(data, dtype=torch.uint8)
         else:
             raw = self.sources.tensor(r)
         if raw.numel() != r.nbytes:
@@ -236,8 +235,7 @@ class KvTransferWorker:
             kv = kv.to(self.device, non_blocking=True)
         if not all_finite(kv):
             return Loaded(job.request_id, f"{KV_REFUSED}: NaN or infinite values")
-        slots = slots_for(job.block_table, r.shape[2], self.block_size, self.device)
-        scatter(self.caches, slots, kv)
+        scatter(self.caches, job.block_table, self.block_size, kv)
         self._sync()
         return Loaded(job.request_id)
 
