@@ -31,8 +31,11 @@ class EngineConfig(BaseModel):
     tokenizer: str | None = Field(None, description="Tokenizer directory (defaults to the model).")
     load_format: Literal["auto", "dummy"] = Field("auto", description="dummy: random weights.")
     cache_dir: Path | None = Field(None, description="Where converted GGUF copies are cached.")
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="Built-in engine device (auto: CUDA when available)."
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="Built-in engine device: auto (CUDA when available), cpu, cuda or cuda:N "
+        "(one GPU of several, every GPU still visible: CUDA IPC between siblings needs that).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
@@ -166,7 +169,7 @@ class EngineConfig(BaseModel):
         # Asked for explicitly, int8 activations are never silently dropped (the loader checks
         # again once --device auto and --dtype auto are resolved).
         if self.packed_weights == "int8" and (
-            self.device == "cuda"
+            self.device.startswith("cuda")
             or self.dtype in ("bfloat16", "float16")
             or self.quantization != "none"
         ):

@@ -12,7 +12,7 @@ index_copy_. The CUDA-only part is DeviceArena and open_ipc; everything else run
 
 from __future__ import annotations
 
-import _posixshmem
+import _posixshmem  # type: ignore[import-not-found]
 import contextlib
 import logging
 import os
@@ -76,9 +76,9 @@ def gather(caches: KvCaches, block_table: list[int], block_size: int, dst: torch
     for layer, kv in enumerate(caches):
         for j, src in enumerate(kv):
             rows = bytes_of(src).view(-1, block_size * src[0].numel())
-            out = bytes_of(dst[layer, j])
-            torch.index_select(rows, 0, idx, out=out[: full * block_size].view(full, -1))
-            out[full * block_size :].copy_(bytes_of(src)[last : last + tail])
+            into = bytes_of(dst[layer, j])
+            torch.index_select(rows, 0, idx, out=into[: full * block_size].view(full, -1))
+            into[full * block_size :].copy_(bytes_of(src)[last : last + tail])
 
 
 def scatter(caches: KvCaches, block_table: list[int], block_size: int, src: torch.Tensor) -> None:
@@ -97,10 +97,10 @@ def scatter(caches: KvCaches, block_table: list[int], block_size: int, src: torc
     idx = torch.tensor(block_table[:full], dtype=torch.long).to(src.device, non_blocking=True)
     for layer, kv in enumerate(caches):
         for j, dst in enumerate(kv):
-            rows = bytes_of(dst).view(-1, block_size * dst[0].numel())
-            data = bytes_of(src[layer, j])
-            rows.index_copy_(0, idx, data[: full * block_size].view(full, -1))
-            bytes_of(dst)[last : last + tail].copy_(data[full * block_size :])
+            into = bytes_of(dst).view(-1, block_size * dst[0].numel())
+            part = bytes_of(src[layer, j])
+            into.index_copy_(0, idx, part[: full * block_size].view(full, -1))
+            bytes_of(dst)[last : last + tail].copy_(part[full * block_size :])
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
