@@ -115,7 +115,7 @@ class EngineConfig(BaseModel):
         "(off its step loop) before the request fails with 400.",
     )
     kv_handoff_timeout: float = Field(
-        30.0, gt=0.0, description="Seconds a prefill instance keeps KV blocks nobody pulled."
+        30.0, gt=0.0, description="Seconds a prefill instance keeps staged KV nobody took."
     )
     kv_staging_mb: int = Field(
         0,
