@@ -81,14 +81,21 @@ def _port() -> int:
 
 
 class Instance:
-    """One `serve` process on a GPU of its own (CUDA_VISIBLE_DEVICES), its log in log_dir."""
+    """One `serve` process on a GPU of its own, its log in log_dir. The GPU is the only one it
+    sees (CUDA_VISIBLE_DEVICES), or with see_all it sees every GPU and serves on `--device
+    cuda:N`: a prefill/decode pair must, for CUDA IPC names a GPU by its index
+    (docs/disaggregation.md, "Two GPUs of one host")."""
 
-    def __init__(self, name: str, args: list[str], gpu: str, log_dir: Path) -> None:
+    def __init__(
+        self, name: str, args: list[str], gpu: str, log_dir: Path, see_all: bool = False
+    ) -> None:
         self.name = name
         port = _port()
         self.url = f"http://127.0.0.1:{port}"
         env = dict(os.environ)
-        if gpu:
+        if gpu and see_all:
+            args = [*args, "--device", f"cuda:{gpu}"]
+        elif gpu:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         cmd = [sys.executable, "-m", "trtllm_gateway", "serve", "--port", str(port), *args]
         self.log = log_dir / f"disagg-{name}.log"
@@ -168,10 +175,11 @@ def run_setup(name: str, args: argparse.Namespace, gpus: list[str]) -> dict[str,
             started += [Instance(f"agg2-{i}", extra, gpus[i], logs) for i in (0, 1)]
             urls = [inst.ready().url for inst in started]
         else:
-            pre = Instance("prefill", ["--mode", "prefill", *extra], gpus[0], logs).ready()
+            prefill = ["--mode", "prefill", *extra]
+            pre = Instance("prefill", prefill, gpus[0], logs, see_all=True).ready()
             started.append(pre)
             decode = ["--mode", "decode", "--prefill-url", pre.url, *shlex.split(args.decode_args)]
-            started.append(Instance("decode", [*decode, *extra], gpus[1], logs).ready())
+            started.append(Instance("decode", [*decode, *extra], gpus[1], logs, True).ready())
             urls = [started[1].url]
         _warm(urls, args)
         before = _metrics(urls[0])

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.disagg import _start, _stop
+from bench.disagg import Instance
 from bench.sweep_grid import EngineConfig
 
 
@@ -18,19 +17,17 @@ def serving(cfg: EngineConfig, common: tuple[str, ...], log_dir: Path) -> Iterat
         assert cfg.url is not None
         yield cfg.url.rstrip("/")
         return
-    procs: list[subprocess.Popen[bytes]] = []
+    started: list[Instance] = []
     try:
         if cfg.kind == "aggregated":
-            proc, url = _start([*common, *cfg.serve_args], log_dir / f"{cfg.name}.log")
-            procs.append(proc)
+            started.append(Instance(cfg.name, [*common, *cfg.serve_args], "", log_dir).ready())
         else:
             prefill = ["--mode", "prefill", *common, *cfg.prefill_args]
-            proc, prefill_url = _start(prefill, log_dir / f"{cfg.name}-prefill.log")
-            procs.append(proc)
-            decode = ["--mode", "decode", "--prefill-url", prefill_url, *common, *cfg.decode_args]
-            proc, url = _start(decode, log_dir / f"{cfg.name}-decode.log")
-            procs.append(proc)
-        yield url
+            started.append(Instance(f"{cfg.name}-prefill", prefill, "", log_dir).ready())
+            decode = ["--mode", "decode", "--prefill-url", started[0].url, *common]
+            decode += cfg.decode_args
+            started.append(Instance(f"{cfg.name}-decode", decode, "", log_dir).ready())
+        yield started[-1].url
     finally:
-        for proc in reversed(procs):
-            _stop(proc)
+        for inst in reversed(started):
+            inst.stop()

@@ -87,3 +87,17 @@ async def test_sibling_grammars_meet_the_public_bounds(
     r = await client.post(URL, json=prefill(guided=guided))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "sampling"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"kv_transport": "nixl"}, "kv_transport"), ({"protocol_version": 1}, "protocol_version")],
+)
+async def test_hostile_v2_prefill_body(
+    client: httpx.AsyncClient, extra: dict[str, Any], param: str
+) -> None:
+    """Protocol v2's body is checked as v1's is: a 400 naming the field, before any work."""
+    body = {**prefill(), "protocol_version": 2, **extra}
+    r = await client.post("/internal/v2/prefill", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param

@@ -113,6 +113,33 @@ def test_remote_prefill_matches_aggregated(server: Server, decode: Server) -> No
     assert decode.metric("trtllm_gateway:kv_transfer_bytes_total") > 0
 
 
+def test_remote_prefill_takes_the_kv_from_shared_memory(decode: Server) -> None:
+    """Both instances on this host, on CPUs: protocol v2 picks shm (the decode core copies the
+    prefill core's staged region; tokens checked above)."""
+    assert "KV moves by shm" in decode.log()
+
+
+def test_remote_prefill_over_the_http_stream_matches_aggregated(
+    server: Server, prefill: Server, log_dir: Path
+) -> None:
+    """--kv-transport http: the KV comes as protocol v2's stream (header, payload, digest)."""
+    args = ["--mode", "decode", "--prefill-url", prefill.url, "--num-kv-blocks", "512", *INTERNAL]
+    srv = Server(args=[*args, "--max-local-prefill-tokens", "64", "--kv-transport", "http"])
+    srv.start(log_dir)
+    try:
+        for p in ("Why is the sky blue?", "Spell the word banana."):
+            agg = httpx.post(f"{server.url}/v1/chat/completions", json=chat(p), timeout=60).json()
+            dis = httpx.post(f"{srv.url}/v1/chat/completions", json=chat(p), timeout=60).json()
+            agg_text, agg_lp = _tokens_and_logprobs(agg)
+            dis_text, dis_lp = _tokens_and_logprobs(dis)
+            assert dis_text == agg_text
+            assert max(abs(a - b) for a, b in zip(agg_lp, dis_lp, strict=True)) < 1e-4
+        assert srv.metric("trtllm_gateway:remote_prefill_total", 'outcome="remote"') == 2
+        assert "KV moves by http" in srv.log()
+    finally:
+        srv.stop()
+
+
 def test_trace_holds_the_siblings_prefill_as_a_child_span(
     decode: Server, otlp: OtlpReceiver
 ) -> None:

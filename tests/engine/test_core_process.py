@@ -25,6 +25,7 @@ import pytest
 
 from tests.configs import builtin_core_client
 from tests.engine.conftest import EngineFactory, greedy
+from trtllm_gateway.engine.kv_region import KvPayload
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     EngineDeadError,
@@ -32,7 +33,6 @@ from trtllm_gateway.engine.protocol import (
     InvalidRequestError,
     TokenEvent,
 )
-from trtllm_gateway.engine.transport import shm_blob
 from trtllm_gateway.engine.transport.client import CoreClient
 
 CoreFactory = Callable[..., Coroutine[Any, Any, CoreClient]]
@@ -112,30 +112,18 @@ async def test_disaggregation_across_two_core_processes(
     req = GenerateRequest("d", tuple(chat_prompts[1]), greedy(16, logprobs=1))
     expected = await collect(decode, replace(req, request_id="agg"))
     res = await prefill.prefill(req)
-    assert prefill.health().kv_usage > 0  # held for the pull
-    taken: list[int] = []
-    take = shm_blob.take
-
-    def spy(name: str, size: int) -> bytes:
-        taken.append(size)
-        return take(name, size)
-
-    before = set(os.listdir(shm_blob.SHM_DIR))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(shm_blob, "take", spy)
-        blob = await prefill.pull_kv(req.request_id)
-    # The blob (float32 KV of a ~40-token prompt, over 1 MB) came through shared memory, and
-    # the segment is gone once taken.
-    assert taken == [len(blob)] and len(blob) >= shm_blob.MIN_BYTES
-    assert set(os.listdir(shm_blob.SHM_DIR)) <= before
-    with pytest.raises(InvalidRequestError):
-        await prefill.pull_kv(req.request_id)  # one pull only
+    assert prefill.health().kv_usage == 0.0  # staged in the core's arena: the blocks are back
+    region = await prefill.stage_kv(req.request_id)
+    # The decode core (another process) copies straight from the prefill core's shared memory.
+    assert region.transport == "shm" and region.arena.lstrip("/") in os.listdir("/dev/shm")
     disagg = DisaggParams(
-        "generation_only", res.first_token_ids, res.first_logprobs, "d", None, blob
+        "generation_only", res.first_token_ids, res.first_logprobs, "d", None, KvPayload(region)
     )
     events = await collect(decode, replace(req, disagg=disagg))
     assert tokens(events) == tokens(expected)
-    assert prefill.health().kv_usage == 0.0
+    prefill.release_kv(req.request_id)
+    with pytest.raises(InvalidRequestError):
+        await prefill.stage_kv(req.request_id)  # freed once released
     # The prefix cache probe answers from the core without waiting for a step.
     assert decode.cached_prefix_tokens(req.prompt_token_ids) >= 8
 

@@ -3,16 +3,42 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 from dataclasses import replace
 
+import msgspec
 import pytest
 
 from tests.engine.conftest import EngineFactory, collect, greedy
-from trtllm_gateway.engine.protocol import DisaggParams, GenerateRequest, InvalidRequestError
+from trtllm_gateway.engine.kv_region import KvPayload
+from trtllm_gateway.engine.protocol import (
+    DisaggParams,
+    GenerateRequest,
+    InvalidRequestError,
+    TokenEvent,
+)
+from trtllm_gateway.engine.transport.client import CoreClient
 
 
+def _tokens(events: list[TokenEvent]) -> list[int]:
+    return [t for ev in events for t in ev.token_ids]
+
+
+async def _payload(prefill: CoreClient, request_id: str, how: str) -> object:
+    """The decode side's kv_payload as each transport hands it over."""
+    if how == "blob":  # protocol v1: a kv_wire blob, the region freed by the pull
+        return await prefill.pull_kv(request_id)
+    region = await prefill.stage_kv(request_id)
+    if how == "shm":  # one host: the decode core copies from the prefill core's arena
+        return KvPayload(region)
+    data = bytes(prefill.arenas.view(region))  # the HTTP path: the bytes, in a frame
+    frame = msgspec.structs.replace(region, transport="frame", arena="", offset=0)
+    return KvPayload(frame, data)
+
+
+@pytest.mark.parametrize("how", ["shm", "frame", "blob"])
 async def test_prefill_then_import_equals_aggregated(
-    make_engine: EngineFactory, chat_prompts: list[list[int]]
+    make_engine: EngineFactory, chat_prompts: list[list[int]], how: str
 ) -> None:
     prefill = await make_engine(block_size=8)
     decode = await make_engine(block_size=8)
@@ -20,35 +46,59 @@ async def test_prefill_then_import_equals_aggregated(
         req = GenerateRequest(f"d{i}", tuple(ids), greedy(20, logprobs=1))
         expected = await collect(decode, replace(req, request_id=f"agg{i}"))
         res = await prefill.prefill(req)
-        assert prefill.health().kv_usage > 0  # blocks held for the pull
-        blob = await prefill.pull_kv(req.request_id)
+        # Staged before the answer: the blocks are back, the KV waits in the arena.
+        assert prefill.health().kv_usage == 0.0
+        kv = await _payload(prefill, req.request_id, how)
         disagg = DisaggParams(
-            "generation_only", res.first_token_ids, res.first_logprobs, req.request_id, None, blob
+            "generation_only", res.first_token_ids, res.first_logprobs, req.request_id, None, kv
         )
         events = await collect(decode, replace(req, disagg=disagg))
-        got = [t for ev in events for t in ev.token_ids]
-        assert got == [t for ev in expected for t in ev.token_ids]
+        prefill.release_kv(req.request_id)
+        assert _tokens(events) == _tokens(expected)
         got_lp = [lp.logprob for ev in events for lp in ev.logprobs or ()]
         exp_lp = [lp.logprob for ev in expected for lp in ev.logprobs or ()]
         assert max(abs(a - b) for a, b in zip(got_lp, exp_lp, strict=True)) < 1e-4
-    # Pulled blocks are back in the pool of the prefill engine (cached, not in use).
-    assert prefill.health().kv_usage == 0.0
+    with pytest.raises(InvalidRequestError):  # released: nothing is held any more
+        await prefill.stage_kv("d0")
+
+
+async def test_nan_kv_in_a_region_is_refused_and_frees_the_reserved_blocks(
+    make_engine: EngineFactory, chat_prompts: list[list[int]]
+) -> None:
+    prefill = await make_engine(block_size=8)
+    decode = await make_engine(block_size=8)
+    req = GenerateRequest("n", tuple(chat_prompts[0]), greedy(8))
+    res = await prefill.prefill(req)
+    region = await prefill.stage_kv("n")
+    prefill.arenas.view(region)[:4] = struct.pack("<f", float("nan"))
+    disagg = DisaggParams(
+        "generation_only", res.first_token_ids, None, "n", None, KvPayload(region)
+    )
+    with pytest.raises(InvalidRequestError, match="NaN"):
+        await collect(decode, replace(req, disagg=disagg))
+    prefill.release_kv("n")
+    assert decode.health().kv_usage == 0.0
 
 
 async def test_unpulled_kv_expires_and_pull_twice_fails(
     make_engine: EngineFactory, chat_prompts: list[list[int]]
 ) -> None:
     prefill = await make_engine(kv_handoff_timeout=0.5, enable_prefix_caching=False)
-    req = GenerateRequest("x", tuple(chat_prompts[0]), greedy(8))
-    await prefill.prefill(req)
-    assert prefill.health().kv_usage > 0
+    for request_id in ("x", "y"):
+        req = GenerateRequest(request_id, tuple(chat_prompts[0]), greedy(8))
+        await prefill.prefill(req)
+        await prefill.stage_kv(request_id)  # staged, held for the lease
+    await prefill.pull_kv("y")
+    with pytest.raises(InvalidRequestError):
+        await prefill.pull_kv("y")  # pulled once only
     for _ in range(40):
         await asyncio.sleep(0.1)
-        if prefill.health().kv_usage == 0.0:
+        try:
+            await prefill.stage_kv("x")
+        except InvalidRequestError:
             break
-    assert prefill.health().kv_usage == 0.0
-    with pytest.raises(InvalidRequestError):
-        await prefill.pull_kv("x")
+    else:
+        pytest.fail("staged KV outlived its lease")
 
 
 async def test_a_renewed_lease_outlives_the_hand_off_timeout(

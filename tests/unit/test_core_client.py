@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from tests.unit.kv_arena import ScriptedArena
+from trtllm_gateway.engine.disagg import kv_wire
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     DisaggParams,
@@ -45,6 +47,7 @@ class ScriptedCore:
         self.added: list[m.Add] = []
         self.blobs: dict[str, bytes | None] = {}
         self.breaks = False
+        self.arena = ScriptedArena()
 
     def load(self, progress: Callable[[str], None]) -> m.Ready:
         progress("scripted loading")
@@ -73,10 +76,13 @@ class ScriptedCore:
                 self.out.append((msg.request_id, self._final((), "abort", state)))
         elif isinstance(msg, m.ExportKv):
             if msg.request_id == "held":
-                return m.Reply(msg.cookie), b"kv-bytes"
+                return m.Reply(msg.cookie, kv=self.arena.stage(b"kv-bytes")), None
             return m.Reply(msg.cookie, m.RequestError("invalid", "no KV held")), None
+        elif isinstance(msg, m.ReleaseKv):
+            self.arena.released.append(msg.request_id)
         elif isinstance(msg, m.Stop):
             self.stopping = True
+            self.arena.close()
             for rid in list(self.live):
                 self.out.append((rid, self._final((), "abort", self.live.pop(rid))))
         return None
@@ -216,14 +222,21 @@ async def test_errors_arrive_as_engine_errors_before_the_first_event(client: Cor
 
 
 async def test_kv_handoff_and_probe(client: CoreClient) -> None:
-    assert await client.pull_kv("held") == b"kv-bytes"
+    """pull_kv (protocol v1) reads the staged region in place into a kv_wire blob, then frees
+    it; stage_kv only says where it is."""
+    core = CORES[-1]
+    header, data = kv_wire.decode(await client.pull_kv("held"))
+    assert bytes(data) == b"kv-bytes" and header.shape == (1, 2, 1, 1, 1)
+    await asyncio.sleep(0.05)
+    assert core.arena.released == ["held"]
+    region = await client.stage_kv("held")
+    assert bytes(client.kv_view(region)) == b"kv-bytes"
     with pytest.raises(InvalidRequestError, match="no KV held"):
         await client.pull_kv("other")
     assert client.cached_prefix_tokens(tuple(range(10))) == 5
     disagg = DisaggParams("generation_only", first_token_ids=(7,), kv_payload=b"blob")
     r = GenerateRequest("dec", (1, 2), SamplingParams(max_tokens=2), disagg=disagg)
     assert [ev async for ev in client.generate(r)][-1].finish_reason == "length"
-    core = CORES[-1]
     assert core.blobs["dec"] == b"blob"  # the KV went as its own frame
     assert core.added[-1].first_token_ids == (7,)
 

@@ -15,6 +15,7 @@ import pytest
 import zmq
 
 from tests.unit.test_core_client import BOOM, ScriptedCore, drain, req
+from trtllm_gateway.engine.disagg import kv_wire
 from trtllm_gateway.engine.protocol import EngineDeadError, InvalidRequestError
 from trtllm_gateway.engine.transport import messages as m
 from trtllm_gateway.engine.transport.attach import AttachedCore
@@ -121,11 +122,11 @@ class HoldingCore(ScriptedCore):
             super().handle(msg, frames)
             self.blobs[msg.request_id] = msg.request_id.encode()
             return None
-        if isinstance(msg, m.ExportKv):
-            blob = self.blobs.pop(msg.request_id, None)
+        if isinstance(msg, m.ExportKv):  # the region stays staged until the ReleaseKv
+            blob = self.blobs.get(msg.request_id, None)
             if blob is None:
                 return m.Reply(msg.cookie, m.RequestError("invalid", "no KV held")), None
-            return m.Reply(msg.cookie), blob
+            return m.Reply(msg.cookie, kv=self.arena.stage(blob)), None
         if isinstance(msg, m.ReleaseKv):
             self.blobs.pop(msg.request_id, None)
         if isinstance(msg, m.RenewKv):
@@ -146,7 +147,9 @@ async def test_held_kv_is_pulled_through_any_client(tmp_path: Path) -> None:
     await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 10)
     try:
         await a.prefill(req("ctx"))
-        assert await b.pull_kv("ctx") == b"0/ctx"  # held under server 0's qualified id
+        _, data = kv_wire.decode(await b.pull_kv("ctx"))  # held under server 0's qualified id
+        assert bytes(data).rstrip(b"\0") == b"0/ctx"
+        await asyncio.sleep(0.1)  # b's ReleaseKv and a's ExportKv come through different pipes
         with pytest.raises(InvalidRequestError, match="no KV held"):
             await a.pull_kv("ctx")  # pulled once
         await b.prefill(req("other"))
@@ -174,7 +177,8 @@ async def test_a_lease_renewed_through_any_client_reaches_the_holder(tmp_path: P
                 break
             await asyncio.sleep(0.05)
         assert core.renewed == ["0/ctx", "0/ctx"]
-        assert await b.pull_kv("ctx") == b"0/ctx"  # still held after two renewals
+        _, data = kv_wire.decode(await b.pull_kv("ctx"))  # still held after two renewals
+        assert bytes(data).rstrip(b"\0") == b"0/ctx"
     finally:
         await asyncio.gather(a.stop(), b.stop())
     assert shared.join(5)

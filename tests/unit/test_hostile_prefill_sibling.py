@@ -21,6 +21,7 @@ from tests.fake_engine import FakeEngine
 from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.disagg import kv_check, kv_wire
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import EngineInfo, GenerateRequest, SamplingParams
 from trtllm_gateway.engine.stats import RemotePrefillStats
 
@@ -35,6 +36,12 @@ class HandoffEngine(FakeEngine):
     """A FakeEngine that takes a sibling's KV, as the built-in engine does (KvHandoff)."""
 
     async def pull_kv(self, ctx_request_id: str) -> bytes:
+        raise NotImplementedError
+
+    async def stage_kv(self, ctx_request_id: str) -> KvRegion:
+        raise NotImplementedError
+
+    def kv_view(self, region: KvRegion) -> memoryview:
         raise NotImplementedError
 
     def release_kv(self, ctx_request_id: str) -> None:

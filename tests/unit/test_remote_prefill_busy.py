@@ -18,6 +18,7 @@ from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.disagg import kv_wire
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import EngineHealth, EngineInfo, GenerateRequest, SamplingParams
 from trtllm_gateway.engine.stats import RemotePrefillStats
 
@@ -50,6 +51,12 @@ class HandoffEngine(FakeEngine):
     active_blocks = 0
 
     async def pull_kv(self, ctx_request_id: str) -> bytes:
+        raise NotImplementedError
+
+    async def stage_kv(self, ctx_request_id: str) -> KvRegion:
+        raise NotImplementedError
+
+    def kv_view(self, region: KvRegion) -> memoryview:
         raise NotImplementedError
 
     def release_kv(self, ctx_request_id: str) -> None:

@@ -32,8 +32,11 @@ class EngineConfig(BaseModel):
     tokenizer: str | None = Field(None, description="Tokenizer directory (defaults to the model).")
     load_format: Literal["auto", "dummy"] = Field("auto", description="dummy: random weights.")
     cache_dir: Path | None = Field(None, description="Where converted GGUF copies are cached.")
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="Built-in engine device (auto: CUDA when available)."
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="Built-in engine device: auto (CUDA when available), cpu, cuda or cuda:N "
+        "(one GPU of several, every GPU still visible: CUDA IPC between siblings needs that).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
@@ -113,7 +116,15 @@ class EngineConfig(BaseModel):
         "(off its step loop) before the request fails with 400.",
     )
     kv_handoff_timeout: float = Field(
-        30.0, gt=0.0, description="Seconds a prefill instance keeps KV blocks nobody pulled."
+        30.0, gt=0.0, description="Seconds a prefill instance keeps staged KV nobody took."
+    )
+    kv_staging_mb: int = Field(
+        0,
+        ge=0,
+        description="MiB of the arena a prefill instance stages prompt KV in for its decode "
+        "siblings (shared memory; on CUDA also one on the GPU, shared over CUDA IPC); 0: twice "
+        "max_model_len tokens of KV, at most half of /dev/shm's free room. A prompt that finds "
+        "it full gets 503 and its decode sibling prefills it locally.",
     )
     max_held_kv_fraction: float = Field(
         0.5,
@@ -159,7 +170,7 @@ class EngineConfig(BaseModel):
         # Asked for explicitly, int8 activations are never silently dropped (the loader checks
         # again once --device auto and --dtype auto are resolved).
         if self.packed_weights == "int8" and (
-            self.device == "cuda"
+            self.device.startswith("cuda")
             or self.dtype in ("bfloat16", "float16")
             or self.quantization != "none"
         ):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from trtllm_gateway.engine.kv_events.log import KvEventLog
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.stats import KvRoutingStats, RemotePrefillStats
 
 
@@ -42,8 +43,16 @@ class KvHandoff(Protocol):
         """The held prompt KV of a finished prefill as a kv_wire blob; frees the blocks."""
         ...
 
+    async def stage_kv(self, ctx_request_id: str) -> KvRegion:
+        """Where a finished prefill's KV is staged (protocol v2); held until release_kv."""
+        ...
+
+    def kv_view(self, region: KvRegion) -> memoryview:
+        """A region of this engine's shared-memory arena, in place. Raises KvRegionError."""
+        ...
+
     def release_kv(self, ctx_request_id: str) -> None:
-        """Free held KV without pulling it (the decode side gave up); idempotent."""
+        """Free held or staged KV (pulled, copied, or given up); idempotent."""
 
     def renew_kv(self, ctx_request_id: str) -> None:
         """Hold the KV another hand-off timeout from now (the decode side still waits to pull

@@ -40,6 +40,11 @@ class EngineInfo:
     # The shortest edge the image processor resizes every image to (engine/image_resize.py; 0:
     # none known): the gateway counts an image's pixels after that resize.
     image_resize_edge: int = 0
+    # KV transfer (engine/disagg/kv_region.py): the host arena a same-host sibling reads and
+    # its probe token (a prefill instance's), and whether the KV cache is on a GPU.
+    kv_arena: str = ""
+    kv_arena_token: str = ""
+    kv_cuda: bool = False
 
 
 GuidedKind = Literal["json", "json_object", "regex", "grammar"]
@@ -111,6 +116,8 @@ class DisaggParams:
     ctx_request_id: str | None = None
     opaque_state: bytes | None = None
     kv_payload: object = field(default=None, compare=False, repr=False)
+    # context_only: stage the KV on the GPU for a sibling that copies it over CUDA IPC.
+    kv_device: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,12 @@ from dataclasses import dataclass, replace
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core_guided import GuidedWorker
 from trtllm_gateway.engine.builtin.core_vision import VisionWorker
+from trtllm_gateway.engine.builtin.kv_handoffs import KvHandoffs
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
 from trtllm_gateway.engine.builtin.outcomes import Emitted
 from trtllm_gateway.engine.builtin.parts import EngineParts, assemble
 from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.builtin.sequence_builder import region_of_blob
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.builtin.vision.embedder import create_embedder
 from trtllm_gateway.engine.builtin.vision.placeholders import PlacedImage
@@ -71,7 +73,8 @@ class EngineCore:
         self._encoding: dict[str, tuple[Add, bytes | None]] = {}  # images being encoded
         self._guided: GuidedWorker | None = None
         self._constraining: dict[str, _Deferred] = {}  # grammars being built
-        self._wakeup = Wakeup()  # set when an encode or a grammar build has finished
+        self._wakeup = Wakeup()  # set when an encode, a grammar build or a KV copy finished
+        self._kv: KvHandoffs | None = None  # KV staged for siblings, and taken from them
         self.info = EngineInfo(model_id="", max_model_len=0, vocab_size=0, eos_token_ids=())
         # The prefix cache's events, forwarded with each batch to the client's own log.
         self.kv_events = KvEventLog(config.engine.block_size, capacity=1 << 20)
@@ -86,6 +89,14 @@ class EngineCore:
         timeout = self.config.engine.grammar_compile_timeout
         self._guided = GuidedWorker(parts.guided, timeout, self._wakeup.set)
         self.info = parts.info
+        self._kv = KvHandoffs(lm, parts.stepper, self.config.engine, self._wakeup.set)
+        arena = self._kv.worker.host_arena() if self.info.mode == "prefill" else None
+        self.info = replace(
+            self.info,
+            kv_arena=arena.name if arena is not None else "",
+            kv_arena_token=arena.token.decode() if arena is not None else "",
+            kv_cuda=lm.device.type == "cuda",
+        )
         remote = self._remote_encode_outcomes() is not None
         return Ready(
             self.info, str(lm.model_dir or ""), self.health(), lm.blocks.num_blocks, remote
@@ -101,6 +112,8 @@ class EngineCore:
         st = self._st
         if isinstance(msg, Add):
             kv = frames[0] if msg.first_token_ids and frames else None
+            if msg.hold_kv:
+                self._k.want_device(msg.request_id, msg.kv_device)
             req = GenerateRequest(
                 msg.request_id, msg.prompt_token_ids, msg.sampling, trace_headers=msg.trace_headers
             )
@@ -112,21 +125,23 @@ class EngineCore:
             except EngineError as e:
                 self._pending.append((msg.request_id, e))
         elif isinstance(msg, Abort):
+            self._pending += self._k.abort(msg.request_id)
             self._pending += st.abort(msg.request_id)
             self._forget_encode(msg.request_id)
             self._forget_guided(msg.request_id)
         elif isinstance(msg, ExportKv):
-            try:
-                return Reply(msg.cookie), st.export_kv(msg.request_id)
-            except KeyError:
+            region = self._k.staged.get(msg.request_id)
+            if region is None:
                 text = f"no KV held for {msg.request_id!r} (expired or pulled)"
                 return Reply(msg.cookie, RequestError("invalid", text)), None
+            return Reply(msg.cookie, kv=region), None
         elif isinstance(msg, ReleaseKv):
-            st.release_kv(msg.request_id)
+            self._k.release(msg.request_id)
         elif isinstance(msg, RenewKv):
-            st.outcomes.renew_handoff(msg.request_id, time.perf_counter())
+            self._k.renew(msg.request_id, time.perf_counter())
         elif isinstance(msg, Stop):
             self.stopping = True
+            self._pending += self._k.close()
             self._pending += st.abort_all()
             for request_id in list(self._encoding):
                 self._forget_encode(request_id)
@@ -147,7 +162,7 @@ class EngineCore:
     def idle_timeout(self) -> float | None:
         """How long the loop may sleep with no work: held KV hand-offs and grammar builds
         expire."""
-        waits = [1.0] if self._st.handoffs else []
+        waits = [1.0] if self._st.handoffs or self._k.holds() else []
         build = None if self._guided is None else self._guided.next_deadline()
         if build is not None:
             waits.append(build + 0.001)
@@ -161,10 +176,12 @@ class EngineCore:
             self._admit_encoded(self._vision)
         if self._guided is not None:
             self._admit_constrained(self._guided)
+        kv = self._k
+        self._pending += kv.collect(time.perf_counter())
         if st.handoffs:
             st.expire_handoffs(time.perf_counter())
         if st.scheduler.has_work():
-            self._pending += st.step()
+            self._pending += kv.stage_finished(st.step())
 
     def batch(self) -> OutputBatch:
         """What to send now (after the stream interval), with the health after the step."""
@@ -212,6 +229,11 @@ class EngineCore:
     def _st(self) -> Stepper:
         return self._p.stepper
 
+    @property
+    def _k(self) -> KvHandoffs:
+        assert self._kv is not None, "EngineCore.load() first"
+        return self._kv
+
     def _encode(self, msg: Add, req: GenerateRequest, kv: bytes | None, pixels: bytes) -> None:
         """Images: encode them off the loop; the request is admitted once they are embedded."""
         self._check_new(msg.request_id)
@@ -256,6 +278,7 @@ class EngineCore:
             or request_id in st.handoffs
             or request_id in self._encoding
             or request_id in self._constraining
+            or self._k.busy(request_id)
         ):
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
 
@@ -302,6 +325,9 @@ class EngineCore:
                 for img, p in zip(req.images, placed, strict=True)
                 if isinstance(p, PlacedImage)
             )
+        if first is not None:  # decode side: admitted once its KV is in the reserved blocks
+            self._k.load(seq, first, msg.kv_source, kv)
+            return
         self._pending += self._st.add(seq, first)
 
     def _admit(
@@ -316,8 +342,11 @@ class EngineCore:
         seq.guided = matcher
         first = None
         if msg.first_token_ids:
+            region = msg.kv_source
+            if region is None and kv_blob is not None:  # an old sibling's kv_wire blob
+                region, _ = region_of_blob(kv_blob)
             first = parts.sequences.import_first(
-                seq, msg.first_token_ids, msg.first_logprobs, kv_blob
+                seq, msg.first_token_ids, msg.first_logprobs, region
             )
         return seq, first
 

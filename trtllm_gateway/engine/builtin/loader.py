@@ -66,6 +66,8 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
     """Build everything; `progress` hears what a slow start is doing (health's detail)."""
     progress("loading the model")
     device = pick_device(config.device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # Triton kernels and graphs run on the current device
     dtype = pick_dtype(config.dtype, device, config.quantization)
     if config.packed_weights == "int8" and (
         device.type != "cpu" or dtype != torch.float32 or config.quantization == "int8"

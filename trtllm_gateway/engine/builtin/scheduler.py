@@ -83,7 +83,7 @@ class Scheduler:
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
-            if seq.kv_import is not None:
+            if seq.kv_import is not None or seq.kv_loaded:
                 if not self._admit_imported(seq):
                     break
                 chunks.append(ScheduledChunk(seq, seq.num_computed, 1))
@@ -112,14 +112,16 @@ class Scheduler:
         return chunks
 
     def _admit_imported(self, seq: Sequence) -> bool:
-        """Give a decode-side sequence blocks, write the sibling's KV, go on from its last token."""
-        need = self.blocks.blocks_needed(seq.num_tokens)
-        if not self.blocks.can_allocate(need):
-            return False
-        seq.block_table = self.blocks.allocate(need)
-        assert self.on_import is not None
-        self.on_import(seq)
-        seq.kv_import = None
+        """A decode-side sequence goes on from its last token: its blocks were reserved and written
+        by the core's transfer worker (kv_loaded), or get the sibling's KV here."""
+        if not seq.kv_loaded:
+            need = self.blocks.blocks_needed(seq.num_tokens)
+            if not self.blocks.can_allocate(need):
+                return False
+            seq.block_table = self.blocks.allocate(need)
+            assert self.on_import is not None
+            self.on_import(seq)
+            seq.kv_import = None
         seq.num_computed = seq.prompt_len
         self.waiting.popleft()
         seq.status = Status.RUNNING

@@ -56,6 +56,8 @@ class Sequence:
     # decode-side sequence arrives with the sibling's prompt KV to write into its own blocks.
     hold_kv: bool = False
     kv_import: torch.Tensor | None = None
+    # The transfer worker wrote the sibling's KV into block_table (reserved before the copy).
+    kv_loaded: bool = False
     # The request's output constraint (response_format, structured_outputs), if any.
     guided: RowMatcher | None = None
     # The logits processors that hold state for this request (engine/logits), and those states.

@@ -14,9 +14,11 @@ import time
 import torch
 
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
-from trtllm_gateway.engine.builtin.kv_transfer import decode_kv
 from trtllm_gateway.engine.builtin.sequence import Sequence
-from trtllm_gateway.engine.disagg.kv_wire import KvWireError
+from trtllm_gateway.engine.disagg import kv_wire
+from trtllm_gateway.engine.disagg.kv_check import check_region
+from trtllm_gateway.engine.disagg.kv_transport import KV_REFUSED
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineInfo,
@@ -59,22 +61,19 @@ class SequenceBuilder:
         seq: Sequence,
         first_token_ids: tuple[int, ...],
         first_logprobs: tuple[TokenLogprob, ...] | None,
-        blob: bytes | None,
+        region: KvRegion | None,
     ) -> TokenEvent:
-        """A decode-side request: attach the sibling's prompt KV; its first token(s) as an event."""
-        if blob is None or not first_token_ids:
+        """A decode-side request: check the sibling's KV region against the prompt and our
+        layout (its bytes are checked where the transfer worker copies them); its first
+        token(s) as an event."""
+        if region is None or not first_token_ids:
             raise InvalidRequestError("generation_only needs the sibling's KV and first token")
         if not all(0 <= t < self.info.vocab_size for t in first_token_ids):
             raise InvalidRequestError("the sibling's first token ids are out of the vocabulary")
         try:
-            num_tokens, kv = decode_kv(blob, self.info.kv_layout)
-        except KvWireError as e:
-            raise InvalidRequestError(f"remote prefill KV refused: {e}") from e
-        if num_tokens != seq.prompt_len:
-            raise InvalidRequestError(
-                f"remote prefill KV covers {num_tokens} tokens, the prompt has {seq.prompt_len}"
-            )
-        seq.kv_import = kv
+            check_region(region, self.info.kv_layout, seq.prompt_len)
+        except kv_wire.KvWireError as e:
+            raise InvalidRequestError(f"{KV_REFUSED}: {e}") from e
         seq.token_ids += first_token_ids
         seq.first_token = time.perf_counter()
         return TokenEvent(first_token_ids, first_logprobs)
@@ -99,3 +98,17 @@ def check_request_ids(req: GenerateRequest, vocab: int) -> None:
     for param, k in (("logprobs", sp.logprobs), ("prompt_logprobs", sp.prompt_logprobs)):
         if k is not None and not 0 <= k <= vocab:
             raise InvalidRequestError(f"{param} must be in [0, {vocab}], got {k}", param=param)
+
+
+def region_of_blob(blob: bytes) -> tuple[KvRegion, memoryview]:
+    """A kv_wire blob (an old sibling's, checked by the API server that pulled it) as a "frame"
+    region and its payload. Raises InvalidRequestError."""
+    try:
+        header, data = kv_wire.decode(blob, verify=False)
+    except kv_wire.KvWireError as e:
+        raise InvalidRequestError(f"remote prefill KV refused: {e}") from e
+    region = KvRegion(
+        transport="frame", arena="", offset=0, nbytes=len(data), shape=header.shape,
+        dtype=header.dtype, kv_layout=header.kv_layout,
+    )  # fmt: skip
+    return region, data

@@ -10,7 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from trtllm_gateway.engine.builtin.kv_transfer import export_kv, import_kv, slots_for
+from trtllm_gateway.engine.builtin.kv_transfer import import_kv, slots_for
 from trtllm_gateway.engine.builtin.outcomes import Emitted, Outcomes
 from trtllm_gateway.engine.builtin.overlap import OverlapPipeline
 from trtllm_gateway.engine.builtin.sampler import Sampler, row_failure
@@ -106,18 +106,17 @@ class Stepper:
         return [(request_id, self.outcomes.final_event(seq, "abort", ()))]
 
     # --- disaggregation ---------------------------------------------------------------------
-    def export_kv(self, request_id: str) -> bytes:
-        """Serialize a held context phase's prompt KV and free its blocks (one pull only)."""
+    def export_kv(self, request_id: str) -> Sequence:
+        """Hand a held context phase over to the KV transfer worker, which stages its blocks
+        (engine/builtin/kv_handoffs.py); they stay allocated until release_blocks."""
         entry = self.handoffs.pop(request_id, None)
         if entry is None:
             raise KeyError(request_id)
+        return entry[0]
+
+    def release_blocks(self, seq: Sequence) -> None:
         self.stalled = False
-        seq = entry[0]
-        try:
-            slots = slots_for(seq.block_table, seq.prompt_len, self.block_size, self.device)
-            return export_kv(self.kv_caches, slots, self.kv_layout, self.block_size)
-        finally:
-            self.scheduler.release(seq)
+        self.scheduler.release(seq)
 
     def release_kv(self, request_id: str) -> None:
         entry = self.handoffs.pop(request_id, None)

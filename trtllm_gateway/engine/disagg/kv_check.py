@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtllm_gateway.engine.disagg import kv_wire
+from trtllm_gateway.engine.kv_region import KvRegion
 
 # Room for the blob's magic, length and JSON header beyond the tensor bytes.
 HEADER_ALLOWANCE = 64 * 1024
@@ -84,3 +85,25 @@ def check_blob(blob: bytes, kv_layout: str, num_tokens: int) -> None:
     bits = np.frombuffer(data, dtype=unsigned)
     if np.any((bits & unsigned(exponent)) == unsigned(exponent)):
         raise kv_wire.KvWireError("KV holds NaN or infinite values")
+
+
+def check_region(region: KvRegion, kv_layout: str, num_tokens: int) -> None:
+    """KvWireError unless a staged region's descriptor is our layout's KV of num_tokens tokens
+    (its values are checked where they are copied: engine/builtin/kv_staging.py)."""
+    if region.kv_layout != kv_layout:
+        raise kv_wire.KvWireError(
+            f"sibling KV layout {region.kv_layout!r} does not match ours {kv_layout!r}"
+        )
+    shape = KvShape.of(kv_layout)
+    if shape is None:
+        raise kv_wire.KvWireError(f"KV layout {kv_layout!r} cannot be sized")
+    want = shape.tensor(num_tokens)
+    if tuple(region.shape) != want or region.dtype != shape.dtype:
+        raise kv_wire.KvWireError(
+            f"KV is {list(region.shape)} {region.dtype}, the prompt needs {list(want)} "
+            f"{shape.dtype}"
+        )
+    if region.nbytes != shape.nbytes(num_tokens) or region.offset < 0:
+        raise kv_wire.KvWireError(
+            f"KV region holds {region.nbytes} bytes, {shape.nbytes(num_tokens)} due"
+        )

@@ -35,7 +35,7 @@ class KvHeader:
     version: int = VERSION
 
 
-def encode(header_fields: dict[str, object], data: bytes) -> bytes:
+def encode(header_fields: dict[str, object], data: bytes | memoryview) -> bytes:
     header = KvHeader(
         **header_fields,  # type: ignore[arg-type]
         nbytes=len(data),
@@ -45,7 +45,11 @@ def encode(header_fields: dict[str, object], data: bytes) -> bytes:
     return MAGIC + struct.pack("<I", len(raw)) + raw + data
 
 
-def decode(blob: bytes, expected_layout: str | None = None) -> tuple[KvHeader, memoryview]:
+def decode(
+    blob: bytes, expected_layout: str | None = None, verify: bool = True
+) -> tuple[KvHeader, memoryview]:
+    """The header and payload of a blob; verify=False skips the checksum (a blob our own API
+    server already checked)."""
     if blob[:4] != MAGIC or len(blob) < 8:
         raise KvWireError("not a KV blob (bad magic)")
     (hlen,) = struct.unpack("<I", blob[4:8])
@@ -69,6 +73,6 @@ def decode(blob: bytes, expected_layout: str | None = None) -> tuple[KvHeader, m
     data = memoryview(blob)[8 + hlen :]
     if len(data) != header.nbytes:
         raise KvWireError(f"KV payload truncated: {len(data)} of {header.nbytes} bytes")
-    if blake3(data).hexdigest() != header.checksum:
+    if verify and blake3(data).hexdigest() != header.checksum:
         raise KvWireError("KV payload checksum mismatch")
     return header, data

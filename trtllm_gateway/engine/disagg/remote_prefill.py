@@ -11,6 +11,10 @@ Backpressure, not health (issue 41): KV room here is reserved before a prompt is
 BusyPolicy (prefill_policy.py) and never marked unhealthy; only connection and protocol
 failures mark a sibling (SiblingDownError), and a slow one that still answers /health is not;
 the hand-off lease is renewed while the KV pull waits.
+
+With protocol v2 (kv_transport.py picks the transport per sibling at its /info) the answer names
+where the KV is staged: the inner core copies it from there (shm, cuda_ipc) and the region is
+freed once the first event shows the copy done, or it comes as a kv_stream (http).
 """
 
 from __future__ import annotations
@@ -21,24 +25,29 @@ import logging
 import time
 from collections.abc import AsyncIterator, Container
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import httpx
+import msgspec
 
 from trtllm_gateway.config.disagg import DisaggConfig
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
 from trtllm_gateway.engine.capabilities import EngineExtras, KvHandoff
-from trtllm_gateway.engine.disagg import kv_check, kv_wire
+from trtllm_gateway.engine.disagg import kv_check, kv_stream, kv_wire
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
 from trtllm_gateway.engine.disagg.kv_room import KvRoom, Reservation, block_size_of
+from trtllm_gateway.engine.disagg.kv_transport import KV_REFUSED, choose_transport
 from trtllm_gateway.engine.disagg.prefill_policy import BusyPolicy
 from trtllm_gateway.engine.disagg.siblings import Sibling, SiblingPool, sibling_headers
+from trtllm_gateway.engine.kv_region import HostArenas, KvPayload
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     Engine,
     EngineHealth,
     EngineInfo,
     GenerateRequest,
+    InvalidRequestError,
     PrefillResult,
     RemotePrefillFailedError,
     TokenEvent,
@@ -46,6 +55,7 @@ from trtllm_gateway.engine.protocol import (
 from trtllm_gateway.engine.stats import RemotePrefillStats
 
 logger = logging.getLogger(__name__)
+A = TypeVar("A", bound=wire.PrefillAnswer)
 
 
 class SiblingError(Exception):
@@ -118,10 +128,14 @@ class RemotePrefillEngine:
         self.followers: list[KvFollower] = []  # KV-aware routing (docs/kv_events.md)
         self.policy = BusyPolicy(config.busy_local_factor, config.remote_prefill_retries)
         self.room = KvRoom(inner.health, block_size_of(inner.info.kv_layout))
+        self._tasks: set[asyncio.Future[None]] = set()
         self._client: httpx.AsyncClient | None = None
         self._transport = transport
         key = config.internal_api_key
         self._auth = sibling_headers(key.get_secret_value() if key is not None else None)
+        self._arenas = HostArenas()  # same-host siblings' arenas, read for their probe token
+        self._transports: dict[str, str] = {}  # by sibling url: "v1" or a v2 transport
+        self._leases: dict[str, tuple[Sibling, str, int, float]] = {}  # regions to free
 
     @property
     def extras(self) -> EngineExtras:
@@ -170,17 +184,49 @@ class RemotePrefillEngine:
         try:
             disagg, room = await self._context_phase(req)
             inner_req = req if disagg is None else replace(req, disagg=disagg)
+            lease = self._leases.pop(req.request_id, None)
             stream = self.inner.generate(inner_req)
+            first = True
             try:
-                async for ev in stream:
-                    if room is not None:  # admitted: its blocks are the engine's own now
-                        room.release()
-                    yield ev
+                try:
+                    async for ev in stream:
+                        if room is not None:  # admitted: its blocks are the engine's own now
+                            room.release()
+                        if lease is not None:  # the first event: the core copied the region
+                            self._done_with(lease, copied=True)
+                            lease = None
+                        first = False
+                        yield ev
+                except InvalidRequestError as e:
+                    if disagg is None or not first or not str(e).startswith(KV_REFUSED):
+                        raise
+                    # The sibling's KV failed the core's checks or could not be copied: this
+                    # prompt prefills here, and that sibling sends its next ones over HTTP.
+                    if lease is not None:
+                        self._transports[lease[0].url] = "http"
+                    self._fallback(req, str(e))
+                    local = self.inner.generate(req)
+                    try:
+                        async for ev in local:
+                            yield ev
+                    finally:
+                        await local.aclose()  # type: ignore[attr-defined]
             finally:
+                if lease is not None:
+                    self._done_with(lease, copied=False)
                 await stream.aclose()  # type: ignore[attr-defined]
         finally:
             if room is not None:
                 room.release()
+
+    def _done_with(self, lease: tuple[Sibling, str, int, float], copied: bool) -> None:
+        """Free the sibling's staged region (a task: the stream goes on meanwhile)."""
+        sib, ctx_id, nbytes, t0 = lease
+        if copied:
+            self.remote_prefill_stats.observe_transfer(nbytes, time.perf_counter() - t0)
+        task = asyncio.ensure_future(self._release(sib, ctx_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- the context phase ---------------------------------------------------------------
     async def _context_phase(
@@ -293,18 +339,13 @@ class RemotePrefillEngine:
         if not sib.healthy and not await self._healthy(sib):
             raise SiblingDownError("still unhealthy")
         await self._check(sib)
+        transport = self._transports.get(sib.url, "v1")
+        if transport != "v1":
+            return await self._remote_v2(sib, req, transport)
         body = wire.PrefillBody.of(req.request_id, req.prompt_token_ids, req.sampling)
         content = wire.encode(body)
         res = await self._call("POST", sib, wire.PREFILL_PATH, content, req.trace_headers)
-        try:
-            answer = wire.decode(res.content, wire.PrefillAnswer)
-            disagg = answer.generation_only(kv_payload=None)
-        except wire.SiblingWireError as e:
-            raise SiblingDownError(f"bad prefill response: {e}") from None
-        vocab = self.info.vocab_size
-        first = answer.first_token_ids
-        if not first or (vocab and not all(0 <= t < vocab for t in first)):
-            raise SiblingDownError(f"bad prefill response: first token ids {list(first)[:8]}")
+        answer, disagg = self._answer(res, wire.PrefillAnswer)
         if isinstance(self.inner, KvHandoff):
             ctx_id = answer.disaggregated_params.ctx_request_id
             async with self._leased(sib, ctx_id, answer.lease_s):
@@ -312,6 +353,87 @@ class RemotePrefillEngine:
             disagg = replace(disagg, kv_payload=kv)
         self._mark(sib, healthy=True)
         return disagg
+
+    def _answer(self, res: Answer, kind: type[A]) -> tuple[A, DisaggParams]:
+        """A prefill answer that names valid first tokens (else the sibling is broken)."""
+        try:
+            answer = wire.decode(res.content, kind)
+            disagg = answer.generation_only(kv_payload=None)
+        except wire.SiblingWireError as e:
+            raise SiblingDownError(f"bad prefill response: {e}") from None
+        vocab = self.info.vocab_size
+        first = answer.first_token_ids
+        if not first or (vocab and not all(0 <= t < vocab for t in first)):
+            raise SiblingDownError(f"bad prefill response: first token ids {list(first)[:8]}")
+        return answer, disagg
+
+    async def _remote_v2(self, sib: Sibling, req: GenerateRequest, transport: str) -> DisaggParams:
+        """Protocol v2: the answer says where the KV is staged; copy it from there (the core
+        does, for shm and cuda_ipc) or stream it (http)."""
+        body = wire.PrefillBodyV2.of(req.request_id, req.prompt_token_ids, req.sampling)
+        body = msgspec.structs.replace(body, protocol_version=2, kv_transport=transport)
+        res = await self._call(
+            "POST", sib, wire.PREFILL_V2_PATH, wire.encode(body), req.trace_headers
+        )
+        t0 = time.perf_counter()
+        answer, disagg = self._answer(res, wire.PrefillAnswerV2)
+        ctx_id, region = answer.disaggregated_params.ctx_request_id, answer.kv
+        try:
+            if region is None:
+                raise SiblingDownError("bad prefill response: no KV region")
+            try:
+                kv_check.check_region(region, self.info.kv_layout, len(req.prompt_token_ids))
+            except kv_wire.KvWireError as e:
+                raise SiblingDownError(f"bad KV: {e}") from None
+            if transport == "http":
+                async with self._leased(sib, ctx_id, answer.lease_s):
+                    payload = await self._stream(sib, ctx_id, req)
+            elif region.transport != transport:
+                raise SiblingError(f"asked for {transport}, the sibling staged {region.transport}")
+            else:
+                payload = KvPayload(region)
+                self._leases[req.request_id] = (sib, ctx_id, region.nbytes, t0)
+        except BaseException:
+            await self._release(sib, ctx_id)
+            raise
+        self._mark(sib, healthy=True)
+        return replace(disagg, kv_payload=payload)
+
+    async def _stream(self, sib: Sibling, ctx_id: str, req: GenerateRequest) -> KvPayload:
+        """The HTTP path: the staged region as kv_stream frames into one buffer, checked as it
+        comes (header against the prompt before any payload; digest on a thread)."""
+        t0 = time.perf_counter()
+        layout, tokens = self.info.kv_layout, len(req.prompt_token_ids)
+        cap = kv_check.max_blob_bytes(layout, tokens)
+        reader = kv_stream.KvStreamReader(lambda r: kv_check.check_region(r, layout, tokens))
+        assert self._client is not None
+        url = f"{sib.url}{wire.kv_v2_path(ctx_id)}"
+        headers = {**dict(req.trace_headers), **self._auth}
+        deadline = self.config.remote_prefill_timeout
+        try:
+            async with asyncio.timeout(deadline):
+                request = self._client.build_request("GET", url, headers=headers)
+                res = await self._client.send(request, stream=True)
+                try:
+                    if res.status_code != 200:
+                        text = (await res.aread())[:200].decode(errors="replace")
+                        raise SiblingError(f"GET {url} answered {res.status_code}: {text}")
+                    declared = res.headers.get("content-length", "")
+                    if cap is not None and declared.isdigit() and int(declared) > cap:
+                        raise SiblingError(f"{url} declares {declared} bytes, more than {cap}")
+                    async for chunk in res.aiter_raw():
+                        await reader.feed(chunk)
+                finally:
+                    await res.aclose()
+                region, data = await reader.finish()
+        except TimeoutError:
+            raise SiblingError(f"GET {url} took more than {deadline:g} s") from None
+        except httpx.HTTPError as e:
+            raise SiblingError(f"{type(e).__name__}: {e}") from None
+        except kv_wire.KvWireError as e:
+            raise SiblingDownError(f"bad KV: {e}") from None
+        self.remote_prefill_stats.observe_transfer(len(data), time.perf_counter() - t0)
+        return KvPayload(region, data)
 
     async def _pull(self, sib: Sibling, ctx_id: str, req: GenerateRequest) -> bytes:
         """The held KV, at most the prompt's size in our layout, checked off the event loop."""
@@ -385,6 +507,11 @@ class RemotePrefillEngine:
                 f"KV layout {theirs[1]!r} (protocol {theirs[2]}), this instance serves "
                 f"{ours.model_id!r} with {ours.kv_layout!r} (protocol {wire.PROTOCOL_VERSION})"
             )
+        if isinstance(self.inner, KvHandoff):
+            transport = choose_transport(self.config.kv_transport, info, ours, self._arenas)
+            if self._transports.get(sib.url) != transport:
+                logger.info("prefill sibling %s: KV moves by %s", sib.url, transport)
+            self._transports[sib.url] = transport
         sib.checked = True
 
     async def _healthy(self, sib: Sibling) -> bool:

@@ -1,4 +1,4 @@
-"""The sibling protocol (version 1): every path and JSON message between gateway instances.
+"""The sibling protocol (versions 1 and 2): every path and JSON message between gateway instances.
 
     GET    /internal/v1/info        -> SiblingInfo     compatibility check before the first prefill
     POST   /internal/v1/prefill     PrefillBody -> PrefillAnswer     a context phase on a sibling
@@ -8,6 +8,15 @@
     POST   /internal/v1/encode      embed_wire pixels -> embed_wire embeds   (EPD)
     GET    /internal/v1/kv-events   NDJSON: Hello, then Resync | Heartbeat | kv_events lines
     GET    /internal/v1/load        -> Load
+  version 2 (KV transfer v2; /info's protocol_versions says a sibling speaks it):
+    POST   /internal/v2/prefill     PrefillBodyV2 -> PrefillAnswerV2 with `kv`, a KvRegion: where
+                                    the KV is staged (shm, cuda_ipc), never its bytes
+    GET    /internal/v2/kv/{id}     -> kv_stream frames (the HTTP path); frees the region
+    DELETE /internal/v1/kv/{id}     the decode side copied the region (or gave up): free it
+
+A decode instance picks the transport from the sibling's /info (capability exchange): same host
+(it can read the sibling's shared-memory arena and finds its probe token there) and both on
+CUDA: cuda_ipc; same host: shm; else the HTTP stream; a sibling without version 2: version 1.
 
 The serving side (routers/internal/disagg.py, encode.py, kv_events.py) and the calling side
 (engine/disagg/remote_prefill.py, remote_encode.py, kv_follow.py) both use these structs, so the
@@ -25,11 +34,12 @@ import binascii
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
 from trtllm_gateway.engine.kv_events.log import KvCacheEvent, event_from_json
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     GuidedDecoding,
@@ -38,7 +48,8 @@ from trtllm_gateway.engine.protocol import (
     TokenLogprob,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # the version /info announces and v1 bodies carry (old peers check it)
+PROTOCOL_VERSIONS = (1, 2)
 PREFIX = "/internal/v1"
 INFO_PATH = f"{PREFIX}/info"
 PREFILL_PATH = f"{PREFIX}/prefill"
@@ -51,6 +62,9 @@ LOAD_PATH = f"{PREFIX}/load"
 # their prompt tokens (what a prompt sent now would wait behind).
 QUEUE_REQUESTS_HEADER = "X-Prefill-Queue-Requests"
 QUEUE_TOKENS_HEADER = "X-Prefill-Queue-Tokens"
+PREFILL_V2_PATH = "/internal/v2/prefill"
+KV_V2_PATH = "/internal/v2/kv/{ctx_request_id}"
+KvTransport = Literal["cuda_ipc", "shm", "http"]
 
 T = TypeVar("T")
 _AT = re.compile(r" - at `\$\.(\w+)")
@@ -104,6 +118,10 @@ class QueueReport:
         return cls(count(QUEUE_REQUESTS_HEADER), count(QUEUE_TOKENS_HEADER))
 
 
+def kv_v2_path(ctx_request_id: str) -> str:
+    return KV_V2_PATH.format(ctx_request_id=ctx_request_id)
+
+
 class SiblingInfo(msgspec.Struct, frozen=True, kw_only=True):
     """GET /info: a decode instance refuses a sibling whose model, layout or version differ."""
 
@@ -112,6 +130,10 @@ class SiblingInfo(msgspec.Struct, frozen=True, kw_only=True):
     kv_layout: str
     engine: str = ""
     mode: str = ""
+    protocol_versions: list[int] = msgspec.field(default_factory=lambda: [1])
+    kv_arena: str = ""  # its shared-memory staging arena, and the token at its start
+    kv_arena_token: str = ""
+    kv_cuda: bool = False  # its KV cache is on a GPU
 
 
 class PrefillBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -159,6 +181,12 @@ class PrefillBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise SiblingWireError(f"bad sampling params: {e}") from None
 
 
+class PrefillBodyV2(PrefillBody, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """POST /internal/v2/prefill: a v1 body and the transport the decode side will copy with."""
+
+    kv_transport: KvTransport = "http"
+
+
 class WireDisaggParams(msgspec.Struct, frozen=True, kw_only=True):
     """The disaggregated params of a prefill answer (TensorRT-LLM's names); state in base64."""
 
@@ -204,6 +232,19 @@ class PrefillAnswer(msgspec.Struct, frozen=True, kw_only=True):
         lps = tuple(self.first_logprobs) if self.first_logprobs is not None else None
         first = tuple(self.first_token_ids)
         return DisaggParams("generation_only", first, lps, d.ctx_request_id, state, kv_payload)
+
+
+class PrefillAnswerV2(PrefillAnswer, frozen=True, kw_only=True):
+    """The answer to POST /internal/v2/prefill: v1's, and where the KV is staged."""
+
+    protocol_version: int = 2
+    kv: KvRegion | None = None
+
+    @classmethod
+    def staged(cls, res: PrefillResult, kv: KvRegion, lease_s: float = 0.0) -> PrefillAnswerV2:
+        v1 = PrefillAnswer.of(res, lease_s)
+        fields = {f: getattr(v1, f) for f in v1.__struct_fields__ if f != "protocol_version"}
+        return cls(**fields, kv=kv)
 
 
 class KvReleased(msgspec.Struct, frozen=True):

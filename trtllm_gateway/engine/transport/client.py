@@ -28,7 +28,9 @@ import zmq
 import zmq.asyncio
 
 from trtllm_gateway.engine.capabilities import EngineExtras
+from trtllm_gateway.engine.disagg import kv_wire
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_from_json
+from trtllm_gateway.engine.kv_region import HostArenas, KvPayload, KvRegion
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
     EngineError,
@@ -79,7 +81,8 @@ class CoreClient:
         self._detail = ""
         self._health = EngineHealth(state="loading")
         self._queues: dict[str, asyncio.Queue[_Item]] = {}
-        self._replies: dict[int, asyncio.Future[bytes]] = {}
+        self._replies: dict[int, asyncio.Future[KvRegion]] = {}
+        self.arenas = HostArenas()  # the core's staging arena, read in place (pull_kv)
         self._cookies = itertools.count()
         self._stopping = False
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -174,14 +177,26 @@ class CoreClient:
         if self._state in ("ready", "draining"):
             self._send(m.Abort(request_id))
 
-    async def pull_kv(self, ctx_request_id: str) -> bytes:
+    async def stage_kv(self, ctx_request_id: str) -> KvRegion:
+        """Where the core staged a held context phase's KV; it stays until release_kv."""
         self._check_serving()
         assert self._loop is not None
         cookie = next(self._cookies)
-        fut: asyncio.Future[bytes] = self._loop.create_future()
+        fut: asyncio.Future[KvRegion] = self._loop.create_future()
         self._replies[cookie] = fut
         self._send(m.ExportKv(cookie, ctx_request_id))
         return await fut
+
+    def kv_view(self, region: KvRegion) -> memoryview:
+        return self.arenas.view(region)
+
+    async def pull_kv(self, ctx_request_id: str) -> bytes:
+        """The staged KV as a kv_wire blob (protocol v1's GET), its region then freed."""
+        region = await self.stage_kv(ctx_request_id)
+        try:
+            return await asyncio.to_thread(self._blob, region)
+        finally:
+            self.release_kv(ctx_request_id)
 
     def release_kv(self, ctx_request_id: str) -> None:
         if self._state in ("ready", "draining"):
@@ -209,7 +224,7 @@ class CoreClient:
         if self._state != "ready":
             raise EngineDeadError(self._detail or "the engine is not serving")
 
-    def _add(self, req: GenerateRequest, hold_kv: bool) -> tuple[m.Add, list[bytes]]:
+    def _add(self, req: GenerateRequest, hold_kv: bool) -> tuple[m.Add, list[bytes | bytearray]]:
         """The Add message and the frames after it: the sibling's KV, then the pixels."""
         self._check_serving()
         if (
@@ -223,21 +238,31 @@ class CoreClient:
             hold_kv=hold_kv,
             trace_headers=req.trace_headers,
         )
-        frames: list[bytes] = []
+        frames: list[bytes | bytearray] = []
         d = req.disagg
         if d is not None and d.request_type == "generation_only":
-            if not isinstance(d.kv_payload, bytes) or not d.first_token_ids:
+            kv = d.kv_payload
+            if not isinstance(kv, (bytes, KvPayload)) or not d.first_token_ids:
                 raise InvalidRequestError("generation_only needs the sibling's KV and first token")
             first = {"first_token_ids": d.first_token_ids, "first_logprobs": d.first_logprobs}
             add = msgspec.structs.replace(add, **first)
-            frames.append(d.kv_payload)
+            if isinstance(kv, KvPayload):  # a region to copy from, or its bytes in a frame
+                add = msgspec.structs.replace(add, kv_source=kv.region)
+                if kv.data is not None:
+                    frames.append(kv.data)
+            else:  # an old sibling's kv_wire blob
+                frames.append(kv)
+        elif d is not None and d.request_type == "context_only" and d.kv_device:
+            add = msgspec.structs.replace(add, kv_device=True)
         if req.images:  # a model without images refuses them in the core (the first event)
             hashes = tuple(img.hash for img in req.images)
             add = msgspec.structs.replace(add, image_hashes=hashes)
             frames.append(images_body(req.images))
         return add, frames
 
-    async def _stream(self, add: m.Add, frames: list[bytes]) -> AsyncIterator[TokenEvent]:
+    async def _stream(
+        self, add: m.Add, frames: list[bytes | bytearray]
+    ) -> AsyncIterator[TokenEvent]:
         data = _encode_add(add)  # before anything is registered: a bad value is a 400
         q: asyncio.Queue[_Item] = asyncio.Queue()
         self._queues[add.request_id] = q
@@ -283,11 +308,10 @@ class CoreClient:
                 if fut is not None and not fut.done():
                     if msg.error is not None:
                         fut.set_exception(msg.error.exception())
+                    elif msg.kv is None:
+                        fut.set_exception(EngineError("the KV hand-off was lost"))
                     else:
-                        try:
-                            fut.set_result(frames[1] if msg.shm is None else self._take(msg))
-                        except OSError as e:
-                            fut.set_exception(EngineError(f"the KV hand-off was lost: {e}"))
+                        fut.set_result(msg.kv)
                 elif msg.shm is not None:  # nobody waits for it any more: still unlink it
                     with contextlib.suppress(OSError):
                         self._take(msg)
@@ -297,6 +321,17 @@ class CoreClient:
             # recv on a socket with a message queued completes without suspending: a core that
             # sends fast enough would keep this task running and starve every other (/health).
             await asyncio.sleep(0)
+
+    def _blob(self, region: KvRegion) -> bytes:
+        """A staged region as a kv_wire blob: one copy and a checksum, on a thread."""
+        header = {
+            "kv_layout": region.kv_layout,
+            "dtype": region.dtype,
+            "shape": tuple(region.shape),
+            "block_size": int(region.kv_layout.rsplit(":bs", 1)[-1]),
+            "num_tokens": region.shape[2],
+        }
+        return kv_wire.encode(header, self.arenas.view(region))
 
     @staticmethod
     def _take(msg: m.Reply) -> bytes:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
     EngineDeadError,
@@ -67,11 +68,13 @@ class RequestError(msgspec.Struct, frozen=True, array_like=True):
 
 # --- client -> core -------------------------------------------------------------------------
 class Add(msgspec.Struct, frozen=True, tag="add"):
-    """A new request. hold_kv: a context-only phase whose KV waits for a sibling's pull.
+    """A new request. hold_kv: a context-only phase whose KV is staged for a sibling (in the
+    core's GPU arena when kv_device, else its shared-memory one).
 
-    Frames after it, in this order: the prompt KV (kv_wire) when first_token_ids is set (a
-    decode-side request), then the images' pixels (embed_wire "pixels" frames, one body) when
-    image_hashes is set.
+    A decode-side request (first_token_ids set) names its KV in kv_source (a sibling's region,
+    engine/disagg/kv_region.py), or sends it as the first frame: the region's bytes when
+    kv_source.transport is "frame", else a kv_wire blob. Then the images' pixels (embed_wire
+    "pixels" frames, one body) when image_hashes is set.
     """
 
     request_id: str
@@ -82,6 +85,8 @@ class Add(msgspec.Struct, frozen=True, tag="add"):
     first_logprobs: tuple[TokenLogprob, ...] | None = None
     image_hashes: tuple[str, ...] = ()
     trace_headers: tuple[tuple[str, str], ...] = ()  # GenerateRequest.trace_headers
+    kv_device: bool = False
+    kv_source: KvRegion | None = None
 
 
 class Abort(msgspec.Struct, frozen=True, tag="abort"):
@@ -89,7 +94,8 @@ class Abort(msgspec.Struct, frozen=True, tag="abort"):
 
 
 class ExportKv(msgspec.Struct, frozen=True, tag="export"):
-    """Pull a held context phase's KV: answered by a Reply with the same cookie."""
+    """Where a held context phase's KV is staged: a Reply with the same cookie and the region,
+    which stays until a ReleaseKv (or its lease's end)."""
 
     cookie: int
     request_id: str
@@ -149,11 +155,12 @@ class OutputBatch(msgspec.Struct, frozen=True, tag="batch"):
 
 
 class Reply(msgspec.Struct, frozen=True, tag="reply"):
-    """The answer to an ExportKv; on success the KV blob is the next frame, or, from a core
-    process, in the shared memory segment `shm` (`size` bytes; core/shm_blob.py)."""
+    """The answer to an ExportKv: the staged region (kv), or the error. Older cores sent a KV
+    blob as the next frame, or in the shared memory segment `shm` (engine/transport/shm_blob.py)."""
 
     cookie: int
     error: RequestError | None = None
+    kv: KvRegion | None = None
     shm: str | None = None
     size: int = 0
 

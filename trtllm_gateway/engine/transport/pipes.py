@@ -160,7 +160,9 @@ class ManyPipes:
         if isinstance(msg, m.Stop):
             return msg
         qualified = f"{client}/{msg.request_id}"
-        if isinstance(msg, (m.ExportKv, m.ReleaseKv)):
+        if isinstance(msg, m.ExportKv):  # the staged region stays until the ReleaseKv
+            qualified = self._held.get(msg.request_id, qualified)
+        elif isinstance(msg, m.ReleaseKv):
             qualified = self._held.pop(msg.request_id, qualified)
         elif isinstance(msg, m.RenewKv):  # the pull or release that follows still finds it
             qualified = self._held.get(msg.request_id, qualified)

@@ -5,8 +5,10 @@ and messages).
     POST   /internal/v1/prefill        run a context phase; JSON with the first token(s) and the
                                        disaggregated params (opaque_state base64)
     GET    /internal/v1/kv/{id}        the held prompt KV as a binary kv_wire stream; frees it
-    DELETE /internal/v1/kv/{id}        free held KV without pulling it
-    POST   /internal/v1/kv/{id}/lease  keep held KV --kv-handoff-timeout more seconds
+    DELETE /internal/v1/kv/{id}        free held KV without pulling it (or once copied, v2)
+    POST   /internal/v1/kv/{id}/lease  keep held or staged KV --kv-handoff-timeout more seconds
+    POST   /internal/v2/prefill        a context phase whose answer says where its KV is staged
+    GET    /internal/v2/kv/{id}        the staged KV as kv_stream frames (the HTTP path); frees it
 
 A client (the decode sibling) that disconnects during the prefill cancels it and frees its blocks.
 A prefill takes an admission slot like a generation request, and a place in the prefill queue
@@ -21,15 +23,20 @@ from collections.abc import AsyncIterator
 import msgspec
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from trtllm_gateway.engine.capabilities import KvHandoff
+from trtllm_gateway.engine.disagg import kv_stream
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.guided.compile import check_guided
+from trtllm_gateway.engine.kv_region import KvRegionError
 from trtllm_gateway.engine.protocol import (
+    DisaggParams,
     EngineError,
     GenerateRequest,
     InvalidRequestError,
     OverloadedError,
+    PrefillResult,
 )
 from trtllm_gateway.routers.openai import validation
 from trtllm_gateway.web import request_context
@@ -65,6 +72,10 @@ async def info(serving: ServingDep) -> Response:
             kv_layout=i.kv_layout,
             engine=i.engine,
             mode=i.mode,
+            protocol_versions=list(wire.PROTOCOL_VERSIONS),
+            kv_arena=i.kv_arena,
+            kv_arena_token=i.kv_arena_token,
+            kv_cuda=i.kv_cuda,
         )
     )
 
@@ -77,6 +88,39 @@ async def prefill(request: Request, serving: ServingDep, state: StateDep) -> Res
             f"sibling protocol version {body.protocol_version} is not {wire.PROTOCOL_VERSION}",
             param="protocol_version",
         )
+    res = await _context_phase(request, serving, state, body, None)
+    return _answer(wire.PrefillAnswer.of(res, state.config.engine.kv_handoff_timeout))
+
+
+@router.post(wire.PREFILL_V2_PATH)
+async def prefill_v2(request: Request, serving: ServingDep, state: StateDep) -> Response:
+    """A context phase whose KV is staged where the decode side will copy it from."""
+    try:
+        body = wire.decode(await request.body(), wire.PrefillBodyV2)
+    except wire.SiblingWireError as e:
+        raise BadRequestError(str(e), param=e.field) from None
+    if body.protocol_version != 2:
+        raise BadRequestError(
+            f"sibling protocol version {body.protocol_version} is not 2", param="protocol_version"
+        )
+    handoff = _handoff(serving)
+    disagg = DisaggParams("context_only", kv_device=body.kv_transport == "cuda_ipc")
+    res = await _context_phase(request, serving, state, body, disagg)
+    try:
+        region = await handoff.stage_kv(res.request_id)
+    except EngineError as e:
+        raise NotFoundError(str(e), param="request_id") from None
+    lease_s = state.config.engine.kv_handoff_timeout
+    return _answer(wire.PrefillAnswerV2.staged(res, region, lease_s))
+
+
+async def _context_phase(
+    request: Request,
+    serving: ServingDep,
+    state: StateDep,
+    body: wire.PrefillBody,
+    disagg: DisaggParams | None,
+) -> PrefillResult:
     try:
         sampling = body.sampling_params()
     except wire.SiblingWireError as e:
@@ -89,6 +133,7 @@ async def prefill(request: Request, serving: ServingDep, state: StateDep) -> Res
             validation.vocab_bound(serving.info.vocab_size, serving.tokenizer.vocab_size),
             serving.config.max_logprobs,
         ),
+        disagg=disagg,
     )
     guided = req.sampling.guided
     if guided is not None:  # the public routes' bound and checks hold for a sibling too
@@ -120,7 +165,7 @@ async def prefill(request: Request, serving: ServingDep, state: StateDep) -> Res
         ctx.model = serving.model_name
         ctx.prompt_tokens = res.prompt_tokens
         ctx.completion_tokens = len(res.first_token_ids)
-    return _answer(wire.PrefillAnswer.of(res, state.config.engine.kv_handoff_timeout))
+    return res
 
 
 def _handoff(serving: ServingDep) -> KvHandoff:
@@ -143,6 +188,28 @@ async def pull_kv(ctx_request_id: str, serving: ServingDep) -> Response:
 
     headers = {"Content-Length": str(len(blob))}
     return StreamingResponse(chunks(), media_type="application/octet-stream", headers=headers)
+
+
+@router.get(wire.KV_V2_PATH)
+async def stream_kv(ctx_request_id: str, serving: ServingDep) -> Response:
+    """The staged region's bytes in place, header and payload as separate frames; freed once
+    sent (kv_stream.py)."""
+    handoff = _handoff(serving)
+    try:
+        region = await handoff.stage_kv(ctx_request_id)
+        view = handoff.kv_view(region)
+    except EngineError as e:
+        raise NotFoundError(str(e), param="ctx_request_id") from None
+    except KvRegionError as e:
+        handoff.release_kv(ctx_request_id)
+        raise NotFoundError(str(e), param="ctx_request_id") from None
+    headers = {"Content-Length": str(kv_stream.stream_bytes(region))}
+    return StreamingResponse(
+        kv_stream.frames(region, view),
+        media_type="application/octet-stream",
+        headers=headers,
+        background=BackgroundTask(handoff.release_kv, ctx_request_id),
+    )
 
 
 @router.delete(wire.KV_PATH)

@@ -1,0 +1,80 @@
+"""Protocol v2 end to end with the real default model, in one process: a prefill gateway (its real
+/internal/ routes over a built-in engine core) reached through httpx's ASGI transport by a decode
+instance's RemotePrefillEngine over another core. Each transport a CPU host has (shm: the probe
+token is found in the sibling's arena; the http stream; v1 for a sibling without version 2)
+against the decode engine's aggregated greedy tokens. Real processes: tests/e2e/test_disagg.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from pydantic import SecretStr
+
+from tests.configs import builtin_config, gateway
+from tests.conftest import wait_ready
+from tests.engine.conftest import collect, greedy
+from trtllm_gateway.app.main import create_app
+from trtllm_gateway.engine.builtin.core_launch import core_client
+from trtllm_gateway.engine.disagg import sibling_wire as wire
+from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
+from trtllm_gateway.engine.protocol import GenerateRequest, TokenEvent
+from trtllm_gateway.engine.stats import RemotePrefillStats
+
+KEY = SecretStr("sib-key")
+FIELDS: dict[str, Any] = {"dtype": "float32", "device": "cpu", "block_size": 8}
+
+
+@pytest.fixture
+async def prefill_app() -> AsyncIterator[Any]:
+    config = gateway(mode="prefill", internal_api_key=KEY, **FIELDS)
+    engine = core_client(builtin_config(mode="prefill", **FIELDS), in_thread=True)
+    app = create_app(config, engine=engine)
+    async with LifespanManager(app, startup_timeout=600) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://prefill") as client:
+            await wait_ready(client, timeout_s=600)
+        yield manager.app
+
+
+def _tokens(events: list[TokenEvent]) -> list[int]:
+    return [t for ev in events for t in ev.token_ids]
+
+
+@pytest.mark.parametrize(("want", "got"), [("auto", "shm"), ("http", "http"), ("auto", "v1")])
+async def test_v2_transports_equal_aggregated(
+    prefill_app: Any,
+    chat_prompts: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+    want: str,
+    got: str,
+) -> None:
+    if got == "v1":  # a sibling from before version 2: its /info announces only version 1
+        monkeypatch.setattr(wire, "PROTOCOL_VERSIONS", (1,))
+    inner = core_client(builtin_config(mode="decode", **FIELDS), in_thread=True)
+    disagg = gateway(
+        mode="decode",
+        prefill_url=["http://prefill"],
+        internal_api_key=KEY,
+        max_local_prefill_tokens=0,
+        kv_transport=want,
+    ).disagg
+    stats = RemotePrefillStats()
+    transport = httpx.ASGITransport(app=prefill_app)
+    engine = RemotePrefillEngine(inner, disagg, stats, transport=transport)
+    await engine.start()  # starts the decode core, checks the sibling and picks a transport
+    try:
+        assert engine._transports["http://prefill"] == got
+        for i, ids in enumerate(chat_prompts[:2]):
+            req = GenerateRequest(f"v{i}", tuple(ids), greedy(16, logprobs=1))
+            expected = await collect(inner, replace(req, request_id=f"agg{i}"))
+            events = [ev async for ev in engine.generate(replace(req, request_id=f"r{i}"))]
+            assert _tokens(events) == _tokens(expected)
+        assert stats.outcomes["remote"] == 2 and stats.kv_bytes > 0, stats
+    finally:
+        await engine.stop()

@@ -1,0 +1,235 @@
+"""KvHandoffs: the core's KV hand-offs with siblings, both ends, driven from its step thread.
+
+    prefill side: a context phase ends ─▶ its final event is held, its blocks staged by the
+                  transfer worker ─▶ Staged: blocks freed, the event sent, the region kept for
+                  the sibling until a ReleaseKv (or its lease ends)
+    decode side:  an Add with a sibling's region ─▶ blocks reserved (in arrival order, as they
+                  free) ─▶ the worker copies into them ─▶ Loaded: the sequence is admitted
+
+The copies run on KvTransferWorker's thread; here is only bookkeeping (dicts and a block count).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trtllm_gateway.config.engine import EngineConfig
+from trtllm_gateway.engine.builtin.kv_staging import KvCaches
+from trtllm_gateway.engine.builtin.kv_transfer_worker import KvTransferWorker, Staged
+from trtllm_gateway.engine.builtin.loader import LoadedModel
+from trtllm_gateway.engine.builtin.outcomes import Emitted
+from trtllm_gateway.engine.builtin.sequence import Sequence, Status
+from trtllm_gateway.engine.builtin.sequence_builder import region_of_blob
+from trtllm_gateway.engine.builtin.stepper import Stepper
+from trtllm_gateway.engine.kv_region import KvRegion
+from trtllm_gateway.engine.protocol import (
+    InvalidRequestError,
+    OverloadedError,
+    RequestFailedError,
+    TokenEvent,
+)
+
+SHM_DIR = "/dev/shm"
+
+
+@dataclass(slots=True)
+class _Incoming:
+    seq: Sequence
+    first: TokenEvent
+    region: KvRegion
+    payload: bytes | memoryview | None
+
+
+class KvHandoffs:
+    def __init__(
+        self, lm: LoadedModel, stepper: Stepper, engine: EngineConfig, wake: Callable[[], None]
+    ) -> None:
+        self.st = stepper
+        self.blocks = lm.blocks
+        caches = lm.runner.kv_caches
+        self.worker = KvTransferWorker(
+            caches,
+            lm.blocks.block_size,
+            lm.device,
+            lm.kv_layout,
+            arena_bytes(engine.kv_staging_mb, _token_bytes(caches), lm.max_model_len),
+            engine.kv_handoff_timeout,
+            wake,
+        )
+        self.staged: dict[str, KvRegion] = {}  # prefill side: waiting for the sibling
+        self._device: set[str] = set()  # hold_kv requests whose sibling takes the GPU arena
+        self._staging: dict[str, tuple[Sequence, TokenEvent]] = {}
+        self._loading: dict[str, tuple[Sequence, TokenEvent]] = {}
+        self._waiting: deque[_Incoming] = deque()  # decode side: no room to reserve yet
+        self._aborted: set[str] = set()
+
+    # --- prefill side -----------------------------------------------------------------------
+    def want_device(self, request_id: str, device: bool) -> None:
+        if device:
+            self._device.add(request_id)
+
+    def stage_finished(self, events: Emitted) -> Emitted:
+        """A step's events, less the final events of context phases now being staged."""
+        out: Emitted = []
+        for request_id, ev in events:
+            final = isinstance(ev, TokenEvent) and ev.finish_reason is not None
+            if not final or request_id not in self.st.handoffs:
+                out.append((request_id, ev))
+                continue
+            assert isinstance(ev, TokenEvent)
+            seq = self.st.export_kv(request_id)
+            device = request_id in self._device
+            self._device.discard(request_id)
+            why = self.worker.stage(request_id, seq.block_table, seq.prompt_len, device)
+            if why:
+                self.st.release_blocks(seq)
+                out.append((request_id, OverloadedError(why)))
+                continue
+            self._staging[request_id] = (seq, ev)
+        return out
+
+    def release(self, request_id: str) -> None:
+        """The sibling took the KV or gave up: free its region (or its still-held blocks)."""
+        if request_id in self._staging:
+            self._aborted.add(request_id)
+        elif self.worker.free(request_id):
+            self.staged.pop(request_id, None)
+        else:
+            self.st.release_kv(request_id)
+
+    def renew(self, request_id: str, now: float) -> None:
+        """The decode side still waits (a lease renewal): the staged region, or the blocks
+        still held before staging, expire a full lease from now."""
+        if not self.worker.renew(request_id, now):
+            self.st.outcomes.renew_handoff(request_id, now)
+
+    # --- decode side ------------------------------------------------------------------------
+    def load(
+        self,
+        seq: Sequence,
+        first: TokenEvent,
+        region: KvRegion | None,
+        frame: bytes | None,
+    ) -> None:
+        """Admit seq once the sibling's KV is in blocks reserved for it (Admission checked
+        the region against the prompt)."""
+        payload: bytes | memoryview | None = None
+        if region is None:
+            if frame is None:
+                raise InvalidRequestError("generation_only needs the sibling's KV")
+            region, payload = region_of_blob(frame)
+        elif region.transport == "frame":
+            if frame is None:
+                raise InvalidRequestError("the sibling's KV frame is missing")
+            payload = frame
+        self._waiting.append(_Incoming(seq, first, region, payload))
+        self._reserve()
+
+    def _reserve(self) -> None:
+        """Blocks for the waiting imports, first come first served, then their copies."""
+        while self._waiting:
+            inc = self._waiting[0]
+            need = self.blocks.blocks_needed(inc.seq.num_tokens)
+            if not self.blocks.can_allocate(need):
+                return
+            self._waiting.popleft()
+            seq = inc.seq
+            seq.block_table = self.blocks.allocate(need)
+            self._loading[seq.request_id] = (seq, inc.first)
+            self.worker.load(seq.request_id, inc.region, inc.payload, seq.block_table)
+
+    # --- both -------------------------------------------------------------------------------
+    def collect(self, now: float) -> Emitted:
+        """What the worker finished: staged events sent, loaded sequences admitted."""
+        out: Emitted = []
+        for done in self.worker.done():
+            request_id = done.request_id
+            aborted = request_id in self._aborted
+            self._aborted.discard(request_id)
+            if isinstance(done, Staged):
+                seq, ev = self._staging.pop(request_id)
+                self.st.release_blocks(seq)
+                if done.region is None:
+                    out.append((request_id, RequestFailedError(done.error)))
+                elif aborted:
+                    self.worker.free(request_id)
+                else:
+                    self.staged[request_id] = done.region
+                    out.append((request_id, ev))
+                continue
+            seq, first = self._loading.pop(request_id)
+            if aborted or done.error:
+                self._free(seq)
+                if aborted:
+                    out.append((request_id, self.st.outcomes.final_event(seq, "abort", ())))
+                else:
+                    out.append((request_id, InvalidRequestError(done.error)))
+                continue
+            seq.kv_loaded = True
+            out += self.st.add(seq, first)
+            if request_id not in self.st.seqs:  # refused, or finished on its first token
+                self._free(seq)
+        for request_id in self.worker.expire(now):
+            self.staged.pop(request_id, None)
+        self._reserve()
+        return out
+
+    def abort(self, request_id: str) -> Emitted:
+        self._device.discard(request_id)
+        if request_id in self._loading or request_id in self._staging:
+            self._aborted.add(request_id)  # freed when the worker is done with its blocks
+            return []
+        for inc in self._waiting:
+            if inc.seq.request_id == request_id:
+                self._waiting.remove(inc)
+                return [(request_id, self.st.outcomes.final_event(inc.seq, "abort", ()))]
+        return []
+
+    def busy(self, request_id: str) -> bool:
+        return (
+            request_id in self._loading
+            or request_id in self._staging
+            or any(inc.seq.request_id == request_id for inc in self._waiting)
+        )
+
+    def holds(self) -> bool:
+        """Something may change without a message: a lease to expire, a copy to finish."""
+        return bool(self.staged or self._staging or self._loading or self._waiting)
+
+    def close(self) -> Emitted:
+        """Stop: let the worker finish its copies, then free what they held."""
+        out: Emitted = []
+        for inc in list(self._waiting):
+            out += self.abort(inc.seq.request_id)
+        self._aborted |= set(self._loading) | set(self._staging)
+        self.worker.close()
+        out += self.collect(0.0)
+        self.staged.clear()
+        return out
+
+    def _free(self, seq: Sequence) -> None:
+        self.blocks.release(seq.block_table)
+        seq.block_table = []
+        seq.status = Status.FINISHED
+        self.st.stalled = False
+
+
+def _token_bytes(caches: KvCaches) -> int:
+    k = caches[0][0]
+    return 2 * len(caches) * k[0].numel() * k.element_size()
+
+
+def arena_bytes(staging_mb: int, token_bytes: int, max_model_len: int) -> int:
+    """--kv-staging-mb, or twice max_model_len tokens of KV within half of /dev/shm's room."""
+    if staging_mb > 0:
+        return staging_mb << 20
+    want = 2 * max_model_len * token_bytes
+    try:
+        st = os.statvfs(SHM_DIR)
+        want = min(want, st.f_bavail * st.f_frsize // 2)
+    except OSError:
+        pass
+    return max(want, 1 << 20)

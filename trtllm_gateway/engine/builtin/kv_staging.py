@@ -1,0 +1,267 @@
+"""The KV staging arenas of one core, and the gather and scatter between them and the paged cache.
+
+    HostArena     one shared-memory segment (tgkv_*): the CPU transport, and the HTTP path's
+                  host staging (pinned with cudaHostRegister on CUDA, where that works)
+    DeviceArena   one buffer on the core's GPU; its CUDA IPC handle is taken once and opened
+                  once per peer (open_ipc), so a hand-off carries an offset, never a handle
+
+gather() writes a sequence's prompt KV as [layers, 2, tokens, kv_heads, head_dim] into a region
+with one index_select per layer and K/V (no per-block Python); scatter() is its inverse with
+index_copy_. The CUDA-only part is DeviceArena and open_ipc; everything else runs on CPU tests.
+"""
+
+from __future__ import annotations
+
+import _posixshmem  # type: ignore[import-not-found]
+import contextlib
+import logging
+import os
+import secrets
+import threading
+from multiprocessing.shared_memory import SharedMemory
+
+import numpy as np
+import torch
+
+from trtllm_gateway.engine.kv_region import (
+    ARENA_PREFIX,
+    PROBE_BYTES,
+    CudaIpcHandle,
+    HostArenas,
+    KvRegion,
+    KvRegionError,
+    RegionAllocator,
+    untracked,
+)
+
+logger = logging.getLogger(__name__)
+
+KvCaches = list[tuple[torch.Tensor, torch.Tensor]]
+_DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)}
+
+
+def bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """An e4m3 cache moves as its bytes: gathers and index_copy_ need not support float8."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def as_kv(raw: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A region's uint8 bytes as the [layers, 2, tokens, heads, dim] cache-dtype tensor."""
+    return raw.view(dtype).view(shape)
+
+
+def gather(caches: KvCaches, block_table: list[int], block_size: int, dst: torch.Tensor) -> None:
+    """dst [layers, 2, tokens, heads, dim] (contiguous, any device) <- the prompt's blocks.
+
+    Whole blocks move as rows (one index op per layer and K/V, no per-block Python); the
+    last, partial block is one slice. A GPU cache gathers on the GPU, then one copy down."""
+    tokens = dst.shape[2]
+    if dst.device != caches[0][0].device:
+        staged = torch.empty(dst.shape, dtype=dst.dtype, device=caches[0][0].device)
+        gather(caches, block_table, block_size, staged)
+        bytes_of(dst).copy_(bytes_of(staged), non_blocking=True)
+        return
+    full, tail = divmod(tokens, block_size)
+    last = block_table[full] * block_size if tail else 0
+    if dst.device.type == "cpu":  # numpy: no thread-pool round per op (2-core figures: bench)
+        ids = np.asarray(block_table[:full], dtype=np.int64)
+        for layer, kv in enumerate(caches):
+            for j, src in enumerate(kv):
+                cache, out = _np_rows(src, block_size), _np(dst[layer, j])
+                head = out[: full * block_size].reshape(full, cache.shape[1])
+                np.take(cache, ids, axis=0, out=head)
+                out[full * block_size :] = _np(src)[last : last + tail]
+        return
+    idx = torch.tensor(block_table[:full], dtype=torch.long).to(dst.device, non_blocking=True)
+    for layer, kv in enumerate(caches):
+        for j, src in enumerate(kv):
+            rows = bytes_of(src).view(-1, block_size * src[0].numel())
+            into = bytes_of(dst[layer, j])
+            torch.index_select(rows, 0, idx, out=into[: full * block_size].view(full, -1))
+            into[full * block_size :].copy_(bytes_of(src)[last : last + tail])
+
+
+def scatter(caches: KvCaches, block_table: list[int], block_size: int, src: torch.Tensor) -> None:
+    """The reserved blocks <- src [layers, 2, tokens, heads, dim] (on the cache's device)."""
+    tokens = src.shape[2]
+    full, tail = divmod(tokens, block_size)
+    last = block_table[full] * block_size if tail else 0
+    if src.device.type == "cpu":
+        ids = np.asarray(block_table[:full], dtype=np.int64)
+        for layer, kv in enumerate(caches):
+            for j, dst in enumerate(kv):
+                rows, data = _np_rows(dst, block_size), _np(src[layer, j])
+                rows[ids] = data[: full * block_size].reshape(full, rows.shape[1])
+                _np(dst)[last : last + tail] = data[full * block_size :]
+        return
+    idx = torch.tensor(block_table[:full], dtype=torch.long).to(src.device, non_blocking=True)
+    for layer, kv in enumerate(caches):
+        for j, dst in enumerate(kv):
+            into = bytes_of(dst).view(-1, block_size * dst[0].numel())
+            part = bytes_of(src[layer, j])
+            into.index_copy_(0, idx, part[: full * block_size].view(full, -1))
+            bytes_of(dst)[last : last + tail].copy_(part[full * block_size :])
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's bytes as a [rows, bytes a row] array, in place."""
+    flat = t.view(torch.uint8) if t.dtype != torch.uint8 else t
+    return flat.numpy().reshape(t.shape[0], -1)
+
+
+def _np_rows(cache: torch.Tensor, block_size: int) -> np.ndarray:
+    return _np(cache).reshape(-1, block_size * _np(cache).shape[1])
+
+
+def all_finite(kv: torch.Tensor) -> bool:
+    """No NaN or infinity (a sibling's KV must not reach the prefix cache: issue 40). One pass:
+    a NaN or an infinity makes the float32 sum one (so would an overflow of the sum, far past
+    any KV's values: then the KV is refused and the prompt prefilled locally, still correct)."""
+    if kv.dtype == torch.float8_e4m3fn:  # no infinity; NaN is S.1111.111
+        return not bool(((kv.view(torch.uint8) & 0x7F) == 0x7F).any())
+    return bool(torch.isfinite(kv.sum(dtype=torch.float32)))
+
+
+def dtype_of(name: str) -> torch.dtype:
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        raise KvRegionError(f"unsupported KV dtype {name}")
+    return dtype
+
+
+class HostArena:
+    """A shared-memory segment this core creates, stages into and unlinks at close."""
+
+    transport = "shm"
+
+    def __init__(self, size: int, pin: bool) -> None:
+        self.name = f"{ARENA_PREFIX}{os.getpid():x}_{secrets.token_hex(4)}"
+        # Untracked: a reader in this very process (a core in a thread of the API server) would
+        # drop the tracker's entry, and the tracker would fail on ours; close() unlinks it.
+        self.shm = untracked(SharedMemory(name=self.name, create=True, size=size))
+        buf = self.shm.buf
+        assert buf is not None
+        self.token = secrets.token_hex(16).encode()
+        buf[: len(self.token)] = self.token
+        self.bytes = torch.frombuffer(buf, dtype=torch.uint8)
+        self.alloc = RegionAllocator(size, start=PROBE_BYTES)
+        self.pinned = pin and _pin(self.bytes)
+
+    def region(self, offset: int, nbytes: int) -> torch.Tensor:
+        return self.bytes[offset : offset + nbytes]
+
+    def describe(self, offset: int, kv: tuple[tuple[int, ...], str, str]) -> KvRegion:
+        shape, dtype, layout = kv
+        nbytes = _nbytes(shape, dtype)
+        return KvRegion(
+            transport="shm", arena=self.name, offset=offset, nbytes=nbytes, shape=shape,
+            dtype=dtype, kv_layout=layout,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        if self.pinned:
+            cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+            cudart.cudaHostUnregister(self.bytes.data_ptr())
+        del self.bytes
+        try:
+            self.shm.close()
+        except BufferError:  # a region view is still alive: the unlink below still frees it
+            logger.debug("KV arena %s closed with views alive", self.name)
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink(self.shm._name)  # type: ignore[attr-defined]
+
+
+class DeviceArena:
+    """A buffer on the core's GPU shared once over CUDA IPC (cuda_ipc)."""
+
+    transport = "cuda_ipc"
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.bytes = torch.empty(size, dtype=torch.uint8, device=device)
+        self.alloc = RegionAllocator(size)
+        self.ipc = _share(self.bytes)
+        self.name = self.ipc.handle[:32]
+
+    def region(self, offset: int, nbytes: int) -> torch.Tensor:
+        return self.bytes[offset : offset + nbytes]
+
+    def describe(self, offset: int, kv: tuple[tuple[int, ...], str, str]) -> KvRegion:
+        shape, dtype, layout = kv
+        return KvRegion(
+            transport="cuda_ipc", arena=self.name, offset=offset, nbytes=_nbytes(shape, dtype),
+            shape=shape, dtype=dtype, kv_layout=layout, ipc=self.ipc,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        del self.bytes
+
+
+class Sources:
+    """Regions of other cores' arenas, opened once each (the decode side's copy source)."""
+
+    def __init__(self) -> None:
+        self.host = HostArenas()
+        self._ipc: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def tensor(self, region: KvRegion) -> torch.Tensor:
+        """The region's bytes in place (shared memory, or the peer GPU's arena)."""
+        if region.transport == "shm":
+            return torch.frombuffer(self.host.view(region), dtype=torch.uint8)
+        if region.transport == "cuda_ipc" and region.ipc is not None:
+            with self._lock:
+                arena = self._ipc.get(region.ipc.handle)
+                if arena is None:
+                    arena = self._ipc[region.ipc.handle] = open_ipc(region.ipc)
+            end = region.offset + region.nbytes
+            if region.offset < 0 or end > arena.numel():
+                raise KvRegionError(f"KV region [{region.offset}, {end}) is outside the arena")
+            return arena[region.offset : end]
+        raise KvRegionError(f"unknown KV transport {region.transport!r}")
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    n = dtype_of(dtype).itemsize
+    for d in shape:
+        n *= d
+    return n
+
+
+def _pin(t: torch.Tensor) -> bool:
+    """Page-lock a host arena for the GPU's copies (pinned staging for the HTTP path)."""
+    if not torch.cuda.is_available():
+        return False
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    err = cudart.cudaHostRegister(t.data_ptr(), t.numel(), 0)
+    if int(err) != 0:
+        logger.warning("KV host arena not pinned (cudaHostRegister: %s); pageable copies", err)
+        return False
+    return True
+
+
+def _share(t: torch.Tensor) -> CudaIpcHandle:
+    """The IPC handle of t's allocation, taken once (torch/multiprocessing/reductions.py,
+    reduce_tensor, calls the same _share_cuda_ on the tensor's storage)."""
+    storage = t.untyped_storage()
+    dev, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync = storage._share_cuda_()  # type: ignore[no-untyped-call]
+    if t.storage_offset() != 0:
+        raise RuntimeError("the KV arena must start its storage")
+    return CudaIpcHandle(
+        device=int(dev), handle=bytes(handle).hex(), size=int(size), offset=int(offset),
+        ref_counter_handle=bytes(rc_handle).hex(), ref_counter_offset=int(rc_offset),
+        event_handle=bytes(ev_handle or b"").hex(), event_sync_required=bool(ev_sync),
+    )  # fmt: skip
+
+
+def open_ipc(h: CudaIpcHandle) -> torch.Tensor:
+    """A peer core's device arena as a uint8 tensor on its GPU (torch's rebuild_cuda_tensor,
+    torch/multiprocessing/reductions.py, opens a shared storage the same way). Both processes
+    must see the arena's GPU under the same index: no CUDA_VISIBLE_DEVICES isolation."""
+    torch.cuda._lazy_init()  # type: ignore[no-untyped-call]
+    storage = torch.UntypedStorage._new_shared_cuda(
+        h.device, bytes.fromhex(h.handle), h.size, h.offset,
+        bytes.fromhex(h.ref_counter_handle), h.ref_counter_offset,
+        bytes.fromhex(h.event_handle), h.event_sync_required,
+    )  # fmt: skip
+    out = torch.empty(0, dtype=torch.uint8, device=f"cuda:{h.device}")
+    return out.set_(storage, 0, (h.size,), (1,))

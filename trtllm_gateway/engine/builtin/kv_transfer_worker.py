@@ -1,0 +1,248 @@
+"""KvTransferWorker: a core's KV hand-off copies, on a thread of their own (on CUDA, a stream).
+
+    step thread                                 kv-transfer thread
+    stage(id, blocks)  ── records an event ──▶  wait for it, gather the blocks into a region of
+      (a context phase ended)                   the arena, sync ──▶ Staged(id, region)
+    load(id, reserved blocks, source) ───────▶  copy the source (a peer's region or a frame) onto
+      (a decode-side Add)                       this device, check it, scatter, sync ──▶ Loaded
+    done() ◀── each step, after the Wakeup ────
+
+The step thread only allocates a byte range, records an event and queues the job: it gathers
+nothing and copies nothing (tests/engine/test_kv_transfer_worker.py measures it per hand-off).
+The core frees the prefill side's blocks once Staged, and admits a decode-side sequence once
+Loaded: the blocks it reserved before the copy are written by then.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from trtllm_gateway.engine.builtin.kv_staging import (
+    DeviceArena,
+    HostArena,
+    KvCaches,
+    Sources,
+    all_finite,
+    as_kv,
+    dtype_of,
+    gather,
+    scatter,
+)
+from trtllm_gateway.engine.disagg.kv_transport import KV_REFUSED
+from trtllm_gateway.engine.kv_region import KvRegion, KvRegionError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A context phase's KV is in `region` (None and `error` set when the copy failed)."""
+
+    request_id: str
+    region: KvRegion | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A decode-side sequence's reserved blocks hold the sibling's KV (or `error` says why not)."""
+
+    request_id: str
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    request_id: str
+    arena: HostArena | DeviceArena
+    region: KvRegion
+    block_table: list[int]
+    event: torch.cuda.Event | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Load:
+    request_id: str
+    region: KvRegion
+    payload: bytes | bytearray | memoryview | None  # the bytes of a "frame" region (HTTP)
+    block_table: list[int]
+
+
+class KvTransferWorker:
+    def __init__(
+        self,
+        caches: KvCaches,
+        block_size: int,
+        device: torch.device,
+        kv_layout: str,
+        arena_bytes: int,
+        lease_s: float,
+        wake: Callable[[], None],
+    ) -> None:
+        self.caches = caches
+        self.block_size = block_size
+        self.device = device
+        self.kv_layout = kv_layout
+        self.arena_bytes = arena_bytes
+        self.lease_s = lease_s
+        self.cache_dtype = caches[0][0].dtype
+        self.sources = Sources()
+        self._host: HostArena | None = None
+        self._gpu: DeviceArena | None = None
+        self._wake = wake
+        self._jobs: queue.SimpleQueue[_Stage | _Load | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[Staged | Loaded] = queue.SimpleQueue()
+        self._cuda = device.type == "cuda"
+        self._stream = torch.cuda.Stream(device) if self._cuda else None  # type: ignore[no-untyped-call]
+        self.handoff_s: list[float] = []  # step-thread seconds per stage()/load() call
+        self._thread = threading.Thread(target=self._run, name="kv-transfer", daemon=True)
+        self._thread.start()
+
+    # --- the step thread --------------------------------------------------------------------
+    def stage(self, request_id: str, block_table: list[int], num_tokens: int, device: bool) -> str:
+        """Queue the gather of a held prompt's KV; '' or why it cannot be staged now (full)."""
+        t0 = time.perf_counter()
+        try:
+            arena = self._arena(device)
+        except (OSError, RuntimeError) as e:
+            return f"no KV staging arena: {e}"
+        shape = (len(self.caches), 2, num_tokens, *self.caches[0][0].shape[1:])
+        region = arena.describe(0, (shape, str(self.cache_dtype), self.kv_layout))
+        offset = arena.alloc.alloc(region.nbytes, request_id, t0 + self.lease_s)
+        if offset is None:
+            return "the KV staging arena is full"
+        region = arena.describe(offset, (shape, str(self.cache_dtype), self.kv_layout))
+        event = None
+        if self._cuda:
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()  # the compute stream's writes of these blocks come first
+        self._jobs.put(_Stage(request_id, arena, region, list(block_table), event))
+        self.handoff_s.append(time.perf_counter() - t0)
+        return ""
+
+    def load(
+        self,
+        request_id: str,
+        region: KvRegion,
+        payload: bytes | bytearray | memoryview | None,
+        block_table: list[int],
+    ) -> None:
+        """Queue the copy of a sibling's KV into blocks this core reserved for it."""
+        t0 = time.perf_counter()
+        self._jobs.put(_Load(request_id, region, payload, list(block_table)))
+        self.handoff_s.append(time.perf_counter() - t0)
+
+    def done(self) -> list[Staged | Loaded]:
+        out: list[Staged | Loaded] = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def free(self, request_id: str) -> bool:
+        """Free a staged region (the sibling took it, or gave up); False when none is held."""
+        return any(a.alloc.free(request_id) for a in self._arenas())
+
+    def renew(self, request_id: str, now: float) -> bool:
+        """The sibling still wants this region: its lease runs a full lease from now."""
+        return any(a.alloc.renew(request_id, now + self.lease_s) for a in self._arenas())
+
+    def expire(self, now: float) -> list[str]:
+        """Free regions whose lease ran out (a sibling that never took them); their ids."""
+        return [rid for a in self._arenas() for rid in a.alloc.expire(now)]
+
+    def held(self) -> bool:
+        return any(a.alloc.owners() for a in self._arenas())
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(10.0)
+        for arena in self._arenas():
+            arena.close()
+        self._host = self._gpu = None
+
+    def host_arena(self) -> HostArena | None:
+        """The shared-memory arena, made now (a prefill instance announces it), or None when
+        /dev/shm has no room for it."""
+        try:
+            arena = self._arena(device=False)
+        except (OSError, RuntimeError) as e:
+            logger.warning("no KV staging arena in shared memory: %s", e)
+            return None
+        assert isinstance(arena, HostArena)
+        return arena
+
+    def _arenas(self) -> list[HostArena | DeviceArena]:
+        return [a for a in (self._host, self._gpu) if a is not None]
+
+    def _arena(self, device: bool) -> HostArena | DeviceArena:
+        """The host arena (shm; the HTTP path's staging), or the GPU's (cuda_ipc)."""
+        if device and self._cuda:
+            if self._gpu is None:
+                self._gpu = DeviceArena(self.arena_bytes, self.device)
+            return self._gpu
+        if self._host is None:
+            self._host = HostArena(self.arena_bytes, pin=self._cuda)
+        return self._host
+
+    # --- the transfer thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        ctx = torch.cuda.stream(self._stream) if self._stream is not None else None
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                if ctx is not None:
+                    with ctx:
+                        result = self._do(job)
+                else:
+                    result = self._do(job)
+            except Exception as e:  # a copy that failed fails its request, not the core
+                logger.exception("KV transfer of %s failed", job.request_id)
+                why = f"the copy failed: {type(e).__name__}: {e}"
+                result = (
+                    Staged(job.request_id, None, f"KV staging failed: {why}")
+                    if isinstance(job, _Stage)
+                    else Loaded(job.request_id, f"{KV_REFUSED}: {why}")
+                )
+            self._done.put(result)
+            self._wake()
+
+    def _do(self, job: _Stage | _Load) -> Staged | Loaded:
+        if isinstance(job, _Stage):
+            if job.event is not None and self._stream is not None:
+                self._stream.wait_event(job.event)
+            r = job.region
+            dst = as_kv(job.arena.region(r.offset, r.nbytes), r.shape, self.cache_dtype)
+            gather(self.caches, job.block_table, self.block_size, dst)
+            self._sync()
+            return Staged(job.request_id, r)
+        r = job.region
+        if job.payload is not None:  # torch wants a writable buffer: bytes are copied once
+            data = job.payload if isinstance(job.payload, bytearray) else bytearray(job.payload)
+            raw = torch.frombuffer(data, dtype=torch.uint8)
+        else:
+            raw = self.sources.tensor(r)
+        if raw.numel() != r.nbytes:
+            raise KvRegionError(f"KV source holds {raw.numel()} bytes, {r.nbytes} due")
+        kv = as_kv(raw, r.shape, dtype_of(r.dtype))
+        if kv.device != self.device:  # the one copy across: peer GPU or host to this GPU
+            kv = kv.to(self.device, non_blocking=True)
+        if not all_finite(kv):
+            return Loaded(job.request_id, f"{KV_REFUSED}: NaN or infinite values")
+        scatter(self.caches, job.block_table, self.block_size, kv)
+        self._sync()
+        return Loaded(job.request_id)
+
+    def _sync(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
