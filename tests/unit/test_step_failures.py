@@ -1,10 +1,9 @@
 """A forward pass that raises fails the requests of its step, not the engine (issue 40 item 1).
 
-On the plain (CPU) step and the overlap pipeline (CUDA's, run here on the CPU behind
-test_stepper's stand-ins): the step's requests end with a RequestFailedError (a 500), their blocks
-go back, nothing of the step reaches the prefix cache, and the next requests get the tokens they
-get on a fresh engine. An error that means the device is broken (CUDA OOM, an asynchronous CUDA
-error) still ends the core.
+At overlap depth 0 (CPU's default) and 1 (CUDA's), both on the CPU backend: the step's requests
+end with a RequestFailedError (a 500), their blocks go back, nothing of the step reaches the
+prefix cache, and the next requests get the tokens they get on a fresh engine. An error that
+means the device is broken (CUDA OOM, an asynchronous CUDA error) still ends the core.
 """
 
 from __future__ import annotations
@@ -25,39 +24,35 @@ from tests.unit.test_stepper import (
     seq_for,
     tiny_model,
 )
-from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, StepOutput
+from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.step_failure import is_fatal
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.protocol import RequestFailedError, TokenEvent
 
 
 class FailOnce:
-    """Wraps a runner: the first step that computes request `bad` raises `error`."""
+    """Wraps a backend: the first step that computes request `bad` raises `error`."""
 
     def __init__(self, inner: Any, error: BaseException, bad: str = "bad") -> None:
         self.inner = inner
         self.error = error
         self.bad = bad
         self.raised = 0
-        self.overlap = getattr(inner, "overlap", False)
+        self.depth = inner.depth
         self.kv_caches = inner.kv_caches
 
-    def run(self, chunks: list[ScheduledChunk], prev: torch.Tensor | None = None) -> StepOutput:
-        if not self.raised and any(c.seq.request_id == self.bad for c in chunks):
+    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+        if not self.raised and any(c.seq.request_id == self.bad for c in batch.chunks):
             self.raised += 1
             raise self.error
-        return self.inner.run(chunks, prev) if prev is not None else self.inner.run(chunks)
+        out: torch.Tensor = self.inner.forward(batch, prev)
+        return out
 
 
 def stepper(tmp_path: Path, overlap: bool, error: BaseException) -> Stepper:
     lm = tiny_model(tmp_path, enable_prefix_caching=True)
-    if overlap:
-        st, runner = overlapped_stepper(lm)
-        assert st.pipeline is not None
-        st.pipeline.runner = FailOnce(runner, error)
-    else:
-        st = plain_stepper(lm)
-        st.runner = FailOnce(st.runner, error)  # type: ignore[assignment]
+    st = overlapped_stepper(lm)[0] if overlap else plain_stepper(lm)
+    st.pipeline.backend = FailOnce(st.pipeline.backend, error)
     return st
 
 
