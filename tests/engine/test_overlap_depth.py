@@ -4,9 +4,10 @@ Depth 1 is what a GPU runs (the host resolves step N while step N+1 is launched,
 standing for the ids not yet on the host); depth 0 is the CPU's default. --overlap-depth 1 runs
 the GPU's pipeline, packer and sampler contract here on the CPU backend, so CI runs the code a
 GPU runs above the backend. Every test runs one workload on an engine of each depth and wants
-the same events: greedy tokens and logprobs, penalties (rows that read the history resolve the
-step in flight first), stop tokens (the wasted token past a stop never reaches the request),
-an abort mid-flight (the unresolved placeholder is not counted), and a row whose sampling fails.
+the same events: greedy tokens and logprobs, a seeded draw, penalties (rows that read the
+history resolve the step in flight first), stop tokens (the wasted token past a stop never
+reaches the request), an abort mid-flight (the unresolved placeholder is not counted), and a row
+whose sampling fails.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trtllm_gateway.engine.logits.processor import ExtraArgs, LogitsProcessor, R
 from trtllm_gateway.engine.protocol import (
     GenerateRequest,
     RequestFailedError,
+    SamplingParams,
     TokenEvent,
 )
 from trtllm_gateway.engine.transport.client import CoreClient
@@ -110,6 +112,9 @@ async def test_greedy_tokens_and_logprobs_are_the_same_at_both_depths(
     ]
     reqs.append(GenerateRequest("lp", tuple(chat_prompts[0]), greedy(10, logprobs=2)))
     reqs.append(GenerateRequest("plp", tuple(chat_prompts[1]), greedy(6, prompt_logprobs=1)))
+    # A seeded draw: its generator is drawn from at launch, in the same order at either depth.
+    seeded = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=5)
+    reqs.append(GenerateRequest("seeded", tuple(chat_prompts[2]), seeded))
     got = []
     for depth, (engine, counting) in enumerate(await engines(make_engine)):
         events = await run(engine, reqs)
@@ -121,7 +126,7 @@ async def test_greedy_tokens_and_logprobs_are_the_same_at_both_depths(
     for a, b in zip(plain_lps, overlapped_lps, strict=True):
         assert [t for t, _ in a] == [t for t, _ in b]
         assert all(math.isclose(x, y, abs_tol=1e-4) for (_, x), (_, y) in zip(a, b, strict=True))
-    assert plain_lps[-2] and plain_lps[-1]  # logprobs and prompt logprobs were asked and given
+    assert plain_lps[-3] and plain_lps[-2]  # logprobs and prompt logprobs were asked and given
 
 
 async def test_penalties_resolve_the_step_in_flight_first(
