@@ -2,13 +2,15 @@
 
 Decode rows attend over their blocks in one batched call (attention.py, or the compiled decode
 kernel the loader sets); each prefill chunk attends on its own, with a causal mask offset by its
-context when the chunk does not start at position 0. The host computes the step, so nothing is
+context when the chunk does not start at position 0. CPU only: the batch's numpy arrays become
+tensors without a copy. The host computes the step, so nothing is
 gained by resolving it later: its default overlap depth is 0 (depth 1 runs too, and the tests
 run it: the placeholders are swapped here as TritonBackend swaps them on the GPU).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.attention import (
@@ -38,16 +40,15 @@ class CpuBackend:
         self.device = device
         self._offsets = torch.arange(block_size, device=device)
 
-    def _tensor(self, array: object, dtype: torch.dtype = torch.long) -> torch.Tensor:
-        return torch.as_tensor(array, device=self.device).to(dtype)
-
     @torch.inference_mode()
     def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
-        ids = self._tensor(batch.token_ids)
+        # The batch's int64 arrays as tensors without a copy (read only: the placeholders
+        # resolve into a new tensor).
+        ids = torch.from_numpy(batch.token_ids)
         if batch.placeholders:
             ids = resolve_placeholders(ids, prev)
         meta = AttentionMetadata(
-            slot_mapping=self._tensor(batch.slots),
+            slot_mapping=torch.from_numpy(batch.slots),
             num_decodes=batch.num_decodes,
             block_size=self.block_size,
         )
@@ -65,15 +66,15 @@ class CpuBackend:
             mask = None if full else causal_offset_mask(q_len, ctx_len, self.device)
             meta.prefills.append(PrefillSpan(q_start, q_len, ctx_len, ctx, mask))
         embeds = merge_images(self.model.embed_tokens, ids, batch.images)
-        positions = self._tensor(batch.positions)
+        positions = torch.from_numpy(batch.positions)
         hidden = self.model(ids, positions, self.kv_caches, meta, embeds)
         fill_prompt_logprobs(self.model, batch, hidden)
         if not len(batch.sample_rows):
             return hidden.new_empty(0)
-        return self.model.compute_logits(hidden[self._tensor(batch.sample_rows)])
+        return self.model.compute_logits(hidden[torch.from_numpy(batch.sample_rows)])
 
-    def _context_slots(self, table: object, ctx_len: int) -> torch.Tensor:
-        bt = self._tensor(table)
+    def _context_slots(self, table: np.ndarray, ctx_len: int) -> torch.Tensor:
+        bt = torch.from_numpy(table).long()
         return (bt.unsqueeze(1) * self.block_size + self._offsets).flatten()[:ctx_len]
 
     def _decode_meta(self, meta: AttentionMetadata, batch: StepBatch) -> None:
@@ -81,12 +82,13 @@ class CpuBackend:
         lens = batch.decode_ctx_lens
         meta.decode_len = longest = int(lens.max())
         width = -(-longest // self.block_size)
-        meta.decode_blocks = self._tensor(batch.decode_tables[:, :width])
+        # The compiled decode kernel takes int64 block ids (cpu_kernels/decode_attention.cpp).
+        meta.decode_blocks = torch.from_numpy(batch.decode_tables[:, :width]).long()
         if int(lens.min()) < longest:
-            ctx = self._tensor(lens).unsqueeze(1)
+            ctx = torch.from_numpy(lens).unsqueeze(1)
             keep = torch.arange(longest, device=self.device) < ctx
             # Additive, in the cache dtype: SDPA would convert a bool mask in every layer.
             dtype = self.kv_caches[0][0].dtype
             bias = torch.zeros(keep.shape, dtype=dtype, device=self.device)
             meta.decode_mask = bias.masked_fill_(~keep, float("-inf"))[:, None, None, :]
-        meta.decode_ctx_lens = self._tensor(lens, torch.int32)
+        meta.decode_ctx_lens = torch.from_numpy(lens).int()

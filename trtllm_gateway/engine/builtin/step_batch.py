@@ -33,6 +33,8 @@ def _padded(tables: list[np.ndarray]) -> np.ndarray:
     """Block tables as [rows, widest] int32, padded with block 0."""
     if not tables:
         return _NO_ROWS
+    if len(tables) == 1 and len(tables[0]):
+        return tables[0].reshape(1, -1)  # a view of the sequence's cached array: never written
     width = max(len(t) for t in tables) or 1
     out = np.zeros((len(tables), width), dtype=np.int32)
     for i, t in enumerate(tables):
@@ -68,8 +70,8 @@ class StepBatch:
         bs = block_size
         ordered = sorted(chunks, key=lambda c: c.length != 1)
         ids: list[int] = []
-        pos: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
+        pos: list[int] = []
+        slots: list[int] = []
         d_tables: list[np.ndarray] = []
         p_tables: list[np.ndarray] = []
         p_start: list[int] = []
@@ -83,12 +85,15 @@ class StepBatch:
             seq, row, end = c.seq, len(ids), c.start + c.length
             table = seq.block_table_array()
             ids += seq.token_ids[c.start : end]
-            r = np.arange(c.start, end)
-            pos.append(r)
-            slots.append(table[r // bs].astype(np.int64) * bs + r % bs)
-            if c.length == 1:
+            if c.length == 1:  # plain ints: a decode step of a few rows stays cheap
+                p = c.start
+                pos.append(p)
+                slots.append(seq.block_table[p // bs] * bs + p % bs)
                 d_tables.append(table)
             else:
+                r = np.arange(c.start, end)
+                pos += r.tolist()
+                slots += (table[r // bs].astype(np.int64) * bs + r % bs).tolist()
                 p_tables.append(table)
                 p_start.append(row)
                 p_len.append(c.length)
@@ -100,12 +105,11 @@ class StepBatch:
                 prompt_lps.append((c, row))
             if seq.images:
                 images += image_rows(seq.images, c.start, c.length, row)
-        token_ids = np.asarray(ids, dtype=np.int64)
         return cls(
             chunks=tuple(ordered),
-            token_ids=token_ids,
-            positions=np.concatenate(pos) if pos else np.zeros(0, dtype=np.int64),
-            slots=np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64),
+            token_ids=np.asarray(ids, dtype=np.int64),
+            positions=np.asarray(pos, dtype=np.int64),
+            slots=np.asarray(slots, dtype=np.int64),
             num_decodes=len(d_tables),
             decode_tables=_padded(d_tables),
             prefill_q_starts=np.asarray(p_start, dtype=np.int32),
