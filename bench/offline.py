@@ -110,7 +110,7 @@ def roofline(engine: CoreClient, context: float) -> dict[str, Any]:
     weight_bytes = sum(p.numel() * p.element_size() for p in weights)
     if not cfg.tie_word_embeddings:  # an untied embedding table is read one row per token
         weight_bytes -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
-    kv_bytes = cfg.kv_elems_per_token * lm.runner.kv_caches[0][0].element_size() * context
+    kv_bytes = cfg.kv_elems_per_token * lm.backend.kv_caches[0][0].element_size() * context
     bw = copy_bandwidth(torch.device("cuda")) if lm.device.type == "cuda" else float("nan")
     return {
         "weight_bytes": weight_bytes,

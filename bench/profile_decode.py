@@ -17,6 +17,7 @@ from bench.device import copy_bandwidth
 from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits, decode_attention
 from trtllm_gateway.engine.builtin.loader import load
+from trtllm_gateway.engine.builtin.triton_backend import TritonBackend
 
 
 def timed(fn: Any, iters: int = 30) -> float:
@@ -86,7 +87,7 @@ def sweep_gemv(lm: Any, bw: float) -> dict[str, Any]:
 
 def sweep_attention(lm: Any, g: Any, kp: Any, bw: float, ctx: int) -> dict[str, Any]:
     cfg, page = lm.cfg, lm.blocks.block_size
-    kc, vc = lm.runner.kv_caches[0]
+    kc, vc = lm.backend.kv_caches[0]
     kv_tok = cfg.kv_elems_per_token * lm.dtype.itemsize // cfg.num_layers
     out: dict[str, Any] = {}
     for b in (1, 64, 256):
@@ -152,11 +153,11 @@ def main() -> None:
         kv_cache_dtype=args.kv_cache_dtype,
     )
     lm = load(config)
-    kp = lm.runner.kernels
-    assert kp is not None and kp.graphs is not None
+    kp = lm.backend
+    assert isinstance(kp, TritonBackend) and kp.graphs is not None
     g = kp.graphs
     cfg = lm.cfg
-    for k, v in lm.runner.kv_caches:
+    for k, v in lm.backend.kv_caches:
         if k.element_size() == 1:  # e4m3: small positive bytes (0x7f would be NaN)
             k.view(torch.uint8).random_(0, 0x60)
             v.view(torch.uint8).random_(0, 0x60)
@@ -169,7 +170,7 @@ def main() -> None:
     tensors += [b for n, b in lm.model.named_buffers() if n.endswith(("weight", "weight_scale"))]
     weights = sum(p.numel() * p.element_size() for p in tensors)
     weights -= lm.model.embed_tokens.weight.numel() * lm.model.embed_tokens.weight.element_size()
-    kv_tok = cfg.kv_elems_per_token * lm.runner.kv_caches[0][0].element_size()
+    kv_tok = cfg.kv_elems_per_token * lm.backend.kv_caches[0][0].element_size()
     assert lm.model.ops is not None
     for skinny in (True, False):
         lm.model.ops.skinny = skinny

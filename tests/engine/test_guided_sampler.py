@@ -79,7 +79,7 @@ def test_invalid_token_is_an_error_of_that_row_only(factory: GuidedFactory) -> N
     seqs[0].token_ids += tok.tokenize_str("maybe")  # not in the grammar
     logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(1))
     expected_plain = int(logits[3].argmax())
-    results = Sampler(EOS)(logits, seqs)
+    results = Sampler(EOS).sample(logits, seqs).resolve()
     assert results[0].error is not None and "constraint" in results[0].error
     assert results[1].error is None
     assert tok.decode_str([results[1].token_id]) in ["n", "no", "y", "ye", "yes"]
@@ -95,7 +95,7 @@ def test_logit_bias_and_allowed_token_ids() -> None:
         _seq("minus", SamplingParams(temperature=0.0, logit_bias=((10, -100.0), (11, 1.0)))),
         _seq("allowed", SamplingParams(temperature=1.0, allowed_token_ids=(500, 501))),
     ]
-    results = Sampler(EOS)(logits, seqs)
+    results = Sampler(EOS).sample(logits, seqs).resolve()
     assert [r.token_id for r in results[:2]] == [77, 11]
     assert results[2].token_id in (500, 501)
 

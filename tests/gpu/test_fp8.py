@@ -230,7 +230,7 @@ async def test_fp8_engine_end_to_end(tmp_path: Path, graphs: bool) -> None:
     try:
         lm = thread_core(f8).loaded
         assert lm is not None
-        assert lm.runner.kv_caches[0][0].dtype == fp8.FP8
+        assert lm.backend.kv_caches[0][0].dtype == fp8.FP8
         assert sum(isinstance(m, Fp8Linear) for m in lm.model.modules()) == 8
         assert "float8_e4m3fn" in f8.info.kv_layout and "bfloat16" in bf16.info.kv_layout
         rng = random.Random(0)

@@ -19,7 +19,7 @@ import math
 import pytest
 import torch
 
-from trtllm_gateway.engine.builtin.sampler import Sampler
+from trtllm_gateway.engine.builtin.sampler import Sampler, SampleResult
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.protocol import SamplingParams
 
@@ -38,6 +38,11 @@ def _seq(sp: SamplingParams, seed: int = 0, output: tuple[int, ...] = ()) -> Seq
     )
 
 
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
+    """One step's rows through the sampler's one contract: sample, then resolve."""
+    return Sampler((EOS,)).sample(logits, seqs).resolve()
+
+
 def _probs_logits(*probs: float) -> torch.Tensor:
     """One row of logits whose softmax is `probs` (padded with near-zero mass to VOCAB)."""
     row = torch.full((VOCAB,), -30.0)
@@ -48,13 +53,13 @@ def _probs_logits(*probs: float) -> torch.Tensor:
 def _draws(sp: SamplingParams, row: torch.Tensor, n: int = 300, seed: int = 0) -> list[int]:
     """n tokens drawn one step at a time by one sequence (its generator advances)."""
     sampler, seq = Sampler((EOS,)), _seq(sp, seed)
-    return [sampler(row.clone().unsqueeze(0), [seq])[0].token_id for _ in range(n)]
+    return [sampler.sample(row.clone().unsqueeze(0), [seq]).resolve()[0].token_id for _ in range(n)]
 
 
 def test_greedy_is_the_argmax() -> None:
     logits = torch.tensor([[0.1, 2.0, 0.3, 1.9, 0, 0, 0, 0], [5.0, 0, 0, 0, 0, 0, 0, 6.0]])
     seqs = [_seq(SamplingParams(temperature=0.0)), _seq(SamplingParams(top_k=1))]
-    assert [r.token_id for r in Sampler((EOS,))(logits, seqs)] == [1, 7]
+    assert [r.token_id for r in sample(logits, seqs)] == [1, 7]
 
 
 def test_top_k_keeps_the_k_best() -> None:
@@ -93,7 +98,7 @@ def test_a_seed_reproduces_its_tokens_whatever_shares_the_batch() -> None:
     assert alone != _draws(sp, row, n=30, seed=8)
     sampler = Sampler((EOS,))
     seqs = [_seq(sp, seed=1), _seq(sp, seed=7), _seq(sp, seed=2)]
-    batched = [sampler(torch.zeros(3, VOCAB), seqs)[1].token_id for _ in range(30)]
+    batched = [sampler.sample(torch.zeros(3, VOCAB), seqs).resolve()[1].token_id for _ in range(30)]
     assert batched == alone
 
 
@@ -105,7 +110,7 @@ def test_logprobs_are_raw_with_k_alternatives_best_first() -> None:
         _seq(SamplingParams(temperature=0.0, logprobs=0)),
         _seq(SamplingParams(temperature=0.0)),
     ]
-    biased, zero, off = Sampler((EOS,))(logits, seqs)
+    biased, zero, off = sample(logits, seqs)
     assert biased.token_id == 2 and biased.logprob is not None
     assert biased.logprob.token_id == 2
     assert biased.logprob.logprob == pytest.approx(float(raw[2]))  # before the bias
@@ -119,28 +124,28 @@ def test_logprobs_are_raw_with_k_alternatives_best_first() -> None:
 def test_repetition_penalty_covers_prompt_and_output() -> None:
     # Token 5 is in the prompt; dividing its logit by 4 puts it under token 1.
     logits = torch.tensor([[0.0, 1.5, 0, 0, 0, 4.0, -1.0, 0]])
-    plain = Sampler((EOS,))(logits.clone(), [_seq(SamplingParams(temperature=0.0))])
+    plain = sample(logits.clone(), [_seq(SamplingParams(temperature=0.0))])
     sp = SamplingParams(temperature=0.0, repetition_penalty=4.0)
     assert plain[0].token_id == 5
-    assert Sampler((EOS,))(logits.clone(), [_seq(sp)])[0].token_id == 1
+    assert sample(logits.clone(), [_seq(sp)])[0].token_id == 1
     # A negative logit is multiplied: token 6 (prompt) falls under token 7 (unseen, 0 -> 0).
     neg = torch.tensor([[-9.0, -9.0, -9.0, -9.0, -9.0, -9.0, -0.5, -1.0]])
-    assert Sampler((EOS,))(neg, [_seq(sp)])[0].token_id == 7
+    assert sample(neg, [_seq(sp)])[0].token_id == 7
 
 
 def test_presence_and_frequency_penalties_count_output_tokens() -> None:
     logits = torch.tensor([[0.0, 0, 3.0, 2.5, 0, 0, 0, 0]])
     # Token 2 was generated twice: frequency 0.3 * 2 = 0.6 puts it under token 3.
     freq = _seq(SamplingParams(temperature=0.0, frequency_penalty=0.3), output=(2, 2))
-    assert Sampler((EOS,))(logits.clone(), [freq])[0].token_id == 3
+    assert sample(logits.clone(), [freq])[0].token_id == 3
     once = _seq(SamplingParams(temperature=0.0, frequency_penalty=0.3), output=(2,))
-    assert Sampler((EOS,))(logits.clone(), [once])[0].token_id == 2
+    assert sample(logits.clone(), [once])[0].token_id == 2
     pres = _seq(SamplingParams(temperature=0.0, presence_penalty=0.6), output=(2,))
-    assert Sampler((EOS,))(logits.clone(), [pres])[0].token_id == 3
+    assert sample(logits.clone(), [pres])[0].token_id == 3
     # Prompt tokens are not output: token 5 in the prompt is not penalized.
     prompt_only = torch.tensor([[0.0, 0, 0, 0, 0, 3.0, 0, 0]])
     seq = _seq(SamplingParams(temperature=0.0, presence_penalty=5.0), output=(1,))
-    assert Sampler((EOS,))(prompt_only, [seq])[0].token_id == 5
+    assert sample(prompt_only, [seq])[0].token_id == 5
 
 
 def test_logit_bias_and_allowed_token_ids() -> None:
@@ -149,7 +154,7 @@ def test_logit_bias_and_allowed_token_ids() -> None:
         _seq(SamplingParams(temperature=0.0, logit_bias=((1, -100.0), (4, 1.0)))),
         _seq(SamplingParams(temperature=0.0, allowed_token_ids=(3, 6))),
     ]
-    bias, allowed = Sampler((EOS,))(logits, seqs)
+    bias, allowed = sample(logits, seqs)
     assert bias.token_id == 4
     assert allowed.token_id in (3, 6)
     assert set(_draws(SamplingParams(allowed_token_ids=(3, 6)), torch.zeros(VOCAB))) == {3, 6}
@@ -159,9 +164,9 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached() -> None:
     logits = torch.tensor([[9.0, 0, 8.0, 1.0, 0, 0, 0, 0]])
     sp = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=(2,))
     early = _seq(sp, output=(4,))
-    assert Sampler((EOS,))(logits.clone(), [early])[0].token_id == 3
+    assert sample(logits.clone(), [early])[0].token_id == 3
     done = _seq(sp, output=(4, 4))
-    assert Sampler((EOS,))(logits.clone(), [done])[0].token_id == EOS
+    assert sample(logits.clone(), [done])[0].token_id == EOS
 
 
 class _FailedConstraint:
@@ -178,6 +183,6 @@ def test_a_bad_row_fails_alone() -> None:
     logits = torch.tensor([[0.0, 5.0, 0, 0, 0, 0, 0, 0]] * 2)
     seqs = [_seq(SamplingParams(temperature=0.0)), _seq(SamplingParams(temperature=0.0))]
     seqs[0].guided = _FailedConstraint()  # type: ignore[assignment]  # a stand-in RowMatcher
-    bad, good = Sampler((EOS,))(logits, seqs)
+    bad, good = sample(logits, seqs)
     assert bad.error == "constraint failed: no token fits the grammar"
     assert good.error is None and good.token_id == 1

@@ -1,14 +1,14 @@
-"""A forward pass that raises fails the requests of its step, not the engine (issue 40 item 1).
+"""A forward pass or a sampler that raises fails the requests of its step, not the engine.
 
-On the plain (CPU) step and the overlap pipeline (CUDA's, run here on the CPU behind
-test_stepper's stand-ins): the step's requests end with a RequestFailedError (a 500), their blocks
-go back, nothing of the step reaches the prefix cache, and the next requests get the tokens they
-get on a fresh engine. An error that means the device is broken (CUDA OOM, an asynchronous CUDA
-error) still ends the core.
+At overlap depth 0 (CPU's default) and 1 (CUDA's), both on the CPU backend: the step's requests
+end with a RequestFailedError (a 500), their blocks go back, nothing of the step reaches the
+prefix cache, and the next requests get the tokens they get on a fresh engine. An error that
+means the device is broken (CUDA OOM, an asynchronous CUDA error) still ends the core.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,39 +25,66 @@ from tests.unit.test_stepper import (
     seq_for,
     tiny_model,
 )
-from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, StepOutput
+from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler, SampleResult
+from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.step_failure import is_fatal
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.protocol import RequestFailedError, TokenEvent
 
 
 class FailOnce:
-    """Wraps a runner: the first step that computes request `bad` raises `error`."""
+    """Wraps a backend: the first step that computes request `bad` raises `error`."""
 
     def __init__(self, inner: Any, error: BaseException, bad: str = "bad") -> None:
         self.inner = inner
         self.error = error
         self.bad = bad
         self.raised = 0
-        self.overlap = getattr(inner, "overlap", False)
+        self.depth = inner.depth
         self.kv_caches = inner.kv_caches
 
-    def run(self, chunks: list[ScheduledChunk], prev: torch.Tensor | None = None) -> StepOutput:
-        if not self.raised and any(c.seq.request_id == self.bad for c in chunks):
+    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+        if not self.raised and any(c.seq.request_id == self.bad for c in batch.chunks):
             self.raised += 1
             raise self.error
-        return self.inner.run(chunks, prev) if prev is not None else self.inner.run(chunks)
+        out: torch.Tensor = self.inner.forward(batch, prev)
+        return out
+
+
+@dataclass(slots=True)
+class RaisingPending(PendingSample):
+    error: BaseException | None = None
+
+    def resolve(self) -> list[SampleResult]:
+        assert self.error is not None
+        raise self.error
+
+
+class SamplerFailsOnce(Sampler):
+    """The first step that samples request `bad` raises `error` in sample() or in resolve()."""
+
+    def __init__(self, eos: tuple[int, ...], error: BaseException, where: str) -> None:
+        super().__init__(eos)
+        self.error = error
+        self.where = where
+        self.raised = 0
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+        hit = not self.raised and any(s.request_id == "bad" for s in seqs)
+        self.raised += hit
+        if hit and self.where == "sample":
+            raise self.error
+        pending = Sampler.sample(self, logits, seqs)
+        if hit:
+            return RaisingPending(pending.token_ids, pending.host, pending.ready, error=self.error)
+        return pending
 
 
 def stepper(tmp_path: Path, overlap: bool, error: BaseException) -> Stepper:
     lm = tiny_model(tmp_path, enable_prefix_caching=True)
-    if overlap:
-        st, runner = overlapped_stepper(lm)
-        assert st.pipeline is not None
-        st.pipeline.runner = FailOnce(runner, error)
-    else:
-        st = plain_stepper(lm)
-        st.runner = FailOnce(st.runner, error)  # type: ignore[assignment]
+    st = overlapped_stepper(lm)[0] if overlap else plain_stepper(lm)
+    st.pipeline.backend = FailOnce(st.pipeline.backend, error)
     return st
 
 
@@ -90,6 +117,54 @@ def test_a_forward_failure_fails_its_step_and_the_engine_goes_on(
     # prompt's blocks were never registered in the prefix cache (their KV was never committed).
     assert st.scheduler.cached_prefix_tokens(list(PROMPTS[3])) == 0
     assert outcome(run_all(st, [seq_for("v", PROMPTS[2], greedy(9))])) == want
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("where", ["sample", "resolve"])
+def test_a_sampler_failure_fails_its_step_on_both_depths(
+    tmp_path: Path, overlap: bool, where: str
+) -> None:
+    """One rule for the forward, the sampler and the resolve (the CPU step used to answer a
+    sampler's own failure with a 400 for the sampling rows, the CUDA step with a 500 for all)."""
+    fresh = plain_stepper(tiny_model(tmp_path))
+    want = outcome(run_all(fresh, [seq_for("v", PROMPTS[2], greedy(9))]))
+    lm = tiny_model(tmp_path)
+    st = overlapped_stepper(lm)[0] if overlap else plain_stepper(lm)
+    sampler = SamplerFailsOnce(lm.cfg.eos_token_ids, RuntimeError("the sampler's bug"), where)
+    st.pipeline.sampler = sampler
+    early = seq_for("early", PROMPTS[1], greedy(30))
+    st.add(early)
+    for _ in range(3):
+        st.step()
+    st.add(seq_for("bad", PROMPTS[3], greedy(8)))
+    failed: dict[str, BaseException] = {}
+    for _ in range(4):
+        for request_id, ev in st.step():
+            if not isinstance(ev, TokenEvent):
+                failed[request_id] = ev
+    assert sampler.raised == 1
+    assert set(failed) == {"early", "bad"}, failed
+    for err in failed.values():
+        assert isinstance(err, RequestFailedError) and "sampler's bug" in str(err)
+    assert not st.seqs and not st.scheduler.has_work()
+    assert lm.blocks.num_free == lm.blocks.num_blocks
+    assert outcome(run_all(st, [seq_for("v", PROMPTS[2], greedy(9))])) == want
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_device_error_in_resolve_ends_the_core(tmp_path: Path, overlap: bool) -> None:
+    lm = tiny_model(tmp_path)
+    st = overlapped_stepper(lm)[0] if overlap else plain_stepper(lm)
+    error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    st.pipeline.sampler = SamplerFailsOnce(lm.cfg.eos_token_ids, error, "resolve")
+    st.add(seq_for("bad", PROMPTS[0], greedy(4)))
+
+    def steps() -> None:
+        for _ in range(3):
+            st.step()
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        steps()
 
 
 @pytest.mark.parametrize("overlap", [False, True])

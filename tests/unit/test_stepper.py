@@ -1,10 +1,9 @@
-"""Stepper and OverlapPipeline on a tiny random Llama (CPU), and the step modules' import graph.
+"""The Stepper's StepPipeline at depth 0 and 1 on a tiny random Llama (CPU), and the step
+modules' import graph.
 
-The overlap pipeline is CUDA's (device-side sampling, placeholder ids resolved on the GPU). On CPU
-it runs here behind two stand-ins that keep its contract: a runner that swaps each placeholder
--(r + 1) for row r of the previous step's ids, and a sampler whose "pending" ids are already
-resolved. What is under test is the pipeline's own bookkeeping: one step late, the placeholders,
-the commits, the stop checks, the blocks it frees. With CUDA, the real thing runs too.
+Depth 1 is CUDA's default (placeholder ids, resolved one step late); here it runs on the CPU
+backend and sampler, the code the GPU runs above the backend: one step late, the placeholders,
+the commits, the stop checks, the blocks it frees. With CUDA, the Triton backend runs too.
 """
 
 from __future__ import annotations
@@ -17,13 +16,13 @@ import pytest
 import torch
 
 from trtllm_gateway.config.engine import EngineConfig
+from trtllm_gateway.engine.builtin.backend import Backend
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
 from trtllm_gateway.engine.builtin.outcomes import Emitted
-from trtllm_gateway.engine.builtin.overlap import OverlapPipeline
-from trtllm_gateway.engine.builtin.runner import ModelRunner
-from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler
-from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, Scheduler, StepOutput
+from trtllm_gateway.engine.builtin.sampler import Sampler
+from trtllm_gateway.engine.builtin.scheduler import Scheduler
 from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams, TokenEvent
 
@@ -63,57 +62,38 @@ def tiny_model(tmp_path: Path, device: str = "cpu", **overrides: object) -> Load
     return load(EngineConfig(**(base | overrides)))  # type: ignore[arg-type]
 
 
-class HostResolvingRunner:
-    """The CPU runner under the overlap contract: placeholder ids resolved from prev."""
+class Recording:
+    """The model's own backend, keeping every StepBatch it was given."""
 
-    def __init__(self, inner: ModelRunner) -> None:
+    def __init__(self, inner: Backend) -> None:
         self.inner = inner
-        self.overlap = True
+        self.depth = inner.depth
         self.kv_caches = inner.kv_caches
-        self.placeholders_seen = 0
+        self.batches: list[StepBatch] = []
 
-    def run(self, chunks: list[ScheduledChunk], prev: torch.Tensor | None = None) -> StepOutput:
-        swapped: list[tuple[list[int], int, int]] = []
-        for c in chunks:
-            ids = c.seq.token_ids
-            for p in range(c.start, c.start + c.length):
-                if ids[p] < 0:
-                    assert prev is not None, "a placeholder without the previous step's ids"
-                    swapped.append((ids, p, ids[p]))
-                    ids[p] = int(prev[-ids[p] - 1])
-        self.placeholders_seen += len(swapped)
-        try:
-            return self.inner.run(chunks)
-        finally:
-            for ids, p, placeholder in swapped:
-                ids[p] = placeholder  # the pipeline swaps in the real id when it drains
+    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+        self.batches.append(batch)
+        return self.inner.forward(batch, prev)
+
+    @property
+    def placeholders_seen(self) -> int:
+        return sum(int((b.token_ids < 0).sum()) for b in self.batches)
 
 
-class HostSampler(Sampler):
-    """sample_async on the CPU: the ids are ready at once; a failed row is named, and its id is
-    CUDA's (its zeroed logits sample token 0), which the step already scheduled may read."""
-
-    def sample_async(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
-        results = self(logits, seqs)
-        ids = torch.tensor([max(r.token_id, 0) for r in results], dtype=torch.int64)
-        failed = {i: r.error for i, r in enumerate(results) if r.error is not None}
-        internal = {i for i, r in enumerate(results) if r.internal}
-        return PendingSample(ids, ids.clone(), None, failed=failed, internal=internal)
-
-
-def plain_stepper(lm: LoadedModel, max_batch_size: int = 8, max_num_tokens: int = 64) -> Stepper:
+def plain_stepper(
+    lm: LoadedModel, max_batch_size: int = 8, max_num_tokens: int = 64, depth: int = 0
+) -> Stepper:
     sched = Scheduler(lm.blocks, max_batch_size, max_num_tokens)
-    st = Stepper(lm, sched, Sampler(lm.cfg.eos_token_ids), lm.max_model_len)
-    assert st.pipeline is None
+    st = Stepper(lm, sched, Sampler(lm.cfg.eos_token_ids), lm.max_model_len, depth=depth)
+    assert st.pipeline.depth == depth
     return st
 
 
-def overlapped_stepper(lm: LoadedModel, **kw: int) -> tuple[Stepper, HostResolvingRunner]:
-    runner = HostResolvingRunner(lm.runner)
-    st = plain_stepper(lm, **kw)
-    sampler = HostSampler(lm.cfg.eos_token_ids)
-    st.sampler = sampler
-    st.pipeline = OverlapPipeline(st.scheduler, runner, sampler, st.outcomes)
+def overlapped_stepper(lm: LoadedModel, **kw: int) -> tuple[Stepper, Recording]:
+    """Depth 1, CUDA's default, on the CPU backend: the placeholders swapped by the backend."""
+    st = plain_stepper(lm, depth=1, **kw)
+    runner = Recording(st.pipeline.backend)
+    st.pipeline.backend = runner
     return st, runner
 
 
@@ -258,13 +238,12 @@ def test_a_sampling_failure_fails_its_row_only(tmp_path: Path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel path needs CUDA")
 def test_cuda_overlap_on_and_off_give_the_same_greedy_tokens(tmp_path: Path) -> None:
     runs = []
-    for overlap in (True, False):
+    for depth in (1, 0):
         lm = tiny_model(tmp_path, device="cuda")
         sched = Scheduler(lm.blocks, 8, 64)
         st = Stepper(lm, sched, Sampler(lm.cfg.eos_token_ids), lm.max_model_len)
-        assert st.pipeline is not None, "CUDA steps overlap by default"
-        if not overlap:
-            st.pipeline = None
+        assert st.pipeline.depth == 1, "CUDA steps overlap by default"
+        st.pipeline.depth = depth
         runs.append(outcome(run_all(st, workload())))
         assert lm.blocks.num_free == lm.blocks.num_blocks
     assert runs[0] == runs[1]
@@ -274,10 +253,12 @@ STEP_MODULES = [
     f"trtllm_gateway.engine.builtin.{name}"
     for name in (
         "stepper",
-        "overlap",
+        "pipeline",
         "outcomes",
-        "runner",
-        "kernel_path",
+        "backend",
+        "cpu_backend",
+        "triton_backend",
+        "step_batch",
         "scheduler",
         "sampler",
         "core",
@@ -301,9 +282,9 @@ def test_the_step_modules_import_each_other_one_way_only() -> None:
     assert cycles == []
 
 
-def test_the_overlap_pipeline_does_not_know_the_stepper() -> None:
+def test_the_step_pipeline_does_not_know_the_stepper() -> None:
     import grimp
 
     graph = grimp.build_graph("trtllm_gateway")
-    overlap = "trtllm_gateway.engine.builtin.overlap"
-    assert graph.find_shortest_chain(overlap, "trtllm_gateway.engine.builtin.stepper") is None
+    pipeline = "trtllm_gateway.engine.builtin.pipeline"
+    assert graph.find_shortest_chain(pipeline, "trtllm_gateway.engine.builtin.stepper") is None

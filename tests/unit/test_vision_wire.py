@@ -5,8 +5,6 @@ chat templates want image placeholders."""
 from __future__ import annotations
 
 import struct
-from types import SimpleNamespace
-from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +14,8 @@ from tests.engine.tiny_llava import CHAT_TEMPLATE
 from trtllm_gateway.engine.builtin.vision.placeholders import (
     PlacedImage,
     expand_prompt,
-    image_embeds_for,
+    image_rows,
+    merge_images,
 )
 from trtllm_gateway.engine.disagg.embed_tensors import check_finite
 from trtllm_gateway.engine.disagg.embed_wire import (
@@ -59,23 +58,18 @@ def test_expand_prompt_places_each_image() -> None:
         expand_prompt([IMG, IMG], IMG, embeds[:1])
 
 
-def _chunk(seq: Any, start: int, length: int) -> Any:
-    return SimpleNamespace(seq=seq, start=start, length=length)
-
-
 def test_merge_takes_the_slice_each_chunk_covers() -> None:
     embed = torch.nn.Embedding(16, 2)
     torch.nn.init.zeros_(embed.weight)
     rows = torch.arange(10.0).repeat(2, 1).T  # image rows 0..9, each [r, r]
-    seq = SimpleNamespace(images=(PlacedImage(2, rows),))
-    text = SimpleNamespace(images=())
-    # Prefill positions 5..8 of the image sequence, packed after a 1-token decode of another.
-    chunks = [_chunk(text, 30, 1), _chunk(seq, 5, 4)]
+    images = (PlacedImage(2, rows),)
+    # Prefill positions 5..8 of the image sequence, packed at row 1 after another's decode.
     ids = torch.zeros(5, dtype=torch.long)
-    h = image_embeds_for(embed, chunks, ids)
+    h = merge_images(embed, ids, image_rows(images, 5, 4, 1))
     assert h is not None
     assert h[:, 0].tolist() == [0.0, 3.0, 4.0, 5.0, 6.0]  # positions 5..8 are image rows 3..6
-    assert image_embeds_for(embed, [_chunk(seq, 12, 3)], ids[:3]) is None  # past the image
+    assert image_rows(images, 12, 3, 0) == []  # past the image
+    assert merge_images(embed, ids[:3], []) is None
 
 
 async def test_remote_encoder_falls_back_and_backs_off() -> None:

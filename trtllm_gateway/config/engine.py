@@ -62,6 +62,14 @@ class EngineConfig(BaseModel):
         True, description="Reuse cached KV blocks of shared prefixes."
     )
     cuda_graphs: bool = Field(True, description="Replay decode steps from CUDA graphs.")
+    overlap_depth: int | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Built-in engine steps the host resolves behind the device: 1 launches step "
+        "N+1 while the device runs step N, 0 resolves each step before the next (auto: 1 on "
+        "CUDA, 0 on CPU, where the host computes the step).",
+    )
     stream_interval: int = Field(
         1,
         ge=1,

@@ -49,7 +49,7 @@ class KvHandoffs:
     ) -> None:
         self.st = stepper
         self.blocks = lm.blocks
-        caches = lm.runner.kv_caches
+        caches = lm.backend.kv_caches
         self.worker = KvTransferWorker(
             caches,
             lm.blocks.block_size,

@@ -1,4 +1,4 @@
-"""Load the built-in engine's pieces from its EngineConfig: model, KV cache, blocks, runner."""
+"""Load the built-in engine's pieces from its EngineConfig: model, KV cache, blocks, backend."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from trtllm_gateway.engine.builtin.attention import (
     decode_kernel,
     paged_attention,
 )
+from trtllm_gateway.engine.builtin.backend import Backend
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
+from trtllm_gateway.engine.builtin.cpu_backend import CpuBackend
 from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm, is_built
 from trtllm_gateway.engine.builtin.cpu_threads import sized
 from trtllm_gateway.engine.builtin.device_dtype import pick_device, pick_dtype
@@ -33,7 +35,6 @@ from trtllm_gateway.engine.builtin.model import (
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
 from trtllm_gateway.engine.builtin.quant import quantize_int8
-from trtllm_gateway.engine.builtin.runner import ModelRunner
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder, load_encoder
 from trtllm_gateway.engine.builtin.vision.spec import is_vision_checkpoint, language_config
 from trtllm_gateway.engine.builtin.weights import build_model
@@ -56,7 +57,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     blocks: BlockManager
-    runner: ModelRunner
+    backend: Backend  # runs a StepBatch's forward on the device (CpuBackend, TritonBackend)
     max_model_len: int
     kv_layout: str
     vision: VisionEncoder | None = None  # LLaVA checkpoints: tower + projector
@@ -116,15 +117,15 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
     kv_caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
     logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs, kv.nbytes / 2**30)
     blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
-    runner = ModelRunner(
-        model,
-        kv_caches,
-        bs,
-        device,
-        max_model_len=max_len,
-        max_batch_size=config.max_batch_size,
-        cuda_graphs=config.cuda_graphs,
-    )
+    backend: Backend
+    if device.type == "cuda":
+        from trtllm_gateway.engine.builtin.triton_backend import TritonBackend  # imports Triton
+
+        backend = TritonBackend(
+            model, kv_caches, bs, device, max_len, config.max_batch_size, config.cuda_graphs
+        )
+    else:
+        backend = CpuBackend(model, kv_caches, bs, device)
     # What disaggregated siblings must share to move KV blocks: the cache's dtype included.
     layout = (
         f"{cfg.model_type}:{cfg.num_layers}x{cfg.num_kv_heads}x{cfg.head_dim}:{kv_dtype}:bs{bs}"
@@ -133,7 +134,7 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
     if model_dir is not None and is_vision_checkpoint(model_dir):
         vision = load_encoder(model_dir, dtype, device)
     return LoadedModel(
-        cfg, model, model_dir, device, dtype, blocks, runner, max_len, layout, vision
+        cfg, model, model_dir, device, dtype, blocks, backend, max_len, layout, vision
     )
 
 

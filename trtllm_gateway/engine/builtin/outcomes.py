@@ -1,8 +1,8 @@
 """Outcomes: what a sampled token means for its request: stop checks, its event, its end.
 
-Both step paths hand each sampled token here: Stepper.step at once, OverlapPipeline one step
-late. So the stop rules and the TokenEvents are written once, and the pipeline needs this object,
-the scheduler, the runner and the sampler, never the Stepper that owns it. A sequence that ends
+The step pipeline hands each resolved token here, at once (depth 0) or one step late (depth 1),
+so the stop rules and the TokenEvents are written once; the pipeline needs this object, the
+scheduler, the backend and the sampler, never the Stepper that owns it. A sequence that ends
 leaves the scheduler; a context phase (hold_kv) keeps its blocks as a hand-off for a sibling.
 """
 

@@ -63,7 +63,15 @@ def assemble(lm: LoadedModel, config: BuiltinConfig, kv_events: KvEventLog) -> E
     )
     sampler = Sampler(lm.cfg.eos_token_ids)
     max_held = max(1, int(engine.max_held_kv_fraction * lm.blocks.num_blocks))
-    stepper = Stepper(lm, sched, sampler, lm.max_model_len, engine.kv_handoff_timeout, max_held)
+    stepper = Stepper(
+        lm,
+        sched,
+        sampler,
+        lm.max_model_len,
+        engine.kv_handoff_timeout,
+        max_held,
+        depth=engine.overlap_depth,
+    )
     info = EngineInfo(
         model_id=config.model_id,
         max_model_len=lm.max_model_len,

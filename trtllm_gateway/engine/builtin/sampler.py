@@ -9,11 +9,13 @@ a 500, where the request's own inputs are a 400). Grammar masks (engine.guided) 
 host for every constrained row and applied to the batch in one op; logprobs stay the model's raw
 ones, before any processor, mask or bias.
 
+One contract on every device: sample() gives a PendingSample, resolve() its SampleResults.
 Logprobs are the model's raw log-softmax (vLLM's default raw_logprobs), taken before penalties
-and temperature. On CPU every row draws from its own torch.Generator. On CUDA one Triton kernel
-samples the whole batch (greedy or Gumbel-max) with Philox noise keyed by (request seed, output
-step), and the ids reach the host by one non-blocking copy. Either way a seeded request samples
-the same tokens whatever else shares the batch.
+and temperature. On CPU every row draws from its own torch.Generator and the pending sample is
+resolved when it is made. On CUDA one Triton kernel samples the whole batch (greedy or
+Gumbel-max) with Philox noise keyed by (request seed, output step), and the ids reach the host by
+one non-blocking copy that resolve() waits for. Either way a seeded request samples the same
+tokens whatever else shares the batch.
 """
 
 from __future__ import annotations
@@ -108,11 +110,14 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tor
 
 @dataclass(slots=True)
 class PendingSample:
-    """Sampled ids of one step on the device, on their way to a pinned host buffer."""
+    """One step's sampled ids: on CUDA on their way to a pinned host buffer, on CPU already there.
 
-    token_ids: torch.Tensor  # [R] int64 on the device (feeds the next step's placeholders)
-    host: torch.Tensor  # [R] int64, pinned
-    ready: torch.cuda.Event | None
+    resolve() waits for them (a no-op on CPU) and gives one SampleResult per row.
+    """
+
+    token_ids: torch.Tensor  # [R] int64 on the device (the next step's placeholders read it)
+    host: torch.Tensor  # [R] int64 on the host (pinned on CUDA; token_ids itself on CPU)
+    ready: torch.cuda.Event | None  # None: the ids are on the host already
     raw_logprobs: torch.Tensor | None = None
     logprob_ks: list[int | None] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)  # row -> why
@@ -177,71 +182,69 @@ class Sampler:
             apply_bitmask(logits, mask, None if len(rows) == len(seqs) else rows)
         return failed, internal
 
-    def sample_async(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
-        """CUDA: sample every row in one kernel and start the copy of the ids to the host.
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+        """logits: [len(seqs), vocab] float32, one row per sequence that samples this step.
 
         Rows with penalties, bias, constraints, min_tokens or top-k/top-p/min-p are adjusted
-        first (penalties and constraints read seq.token_ids, so the stepper resolves
-        placeholders before such steps).
+        first (penalties and constraints read seq.token_ids, so the step pipeline resolves
+        placeholders before such steps). A failed row samples from zeroed logits (token 0, a
+        valid id for a step already scheduled behind it) and resolves to its error.
         """
-        from trtllm_gateway.engine.builtin.kernels.sampling import row_key, sample
-
         want_lp = any(s.sampling.logprobs is not None for s in seqs)
         raw_lp = logits.log_softmax(-1) if want_lp else None
         failed, internal = self.prepare(logits, seqs)
-        temps: list[float] = []
-        keys: list[int] = []
-        for i, seq in enumerate(seqs):
-            sp = seq.sampling
-            greedy = _is_greedy(seq) or i in failed
-            temp = 0.0 if greedy else sp.temperature
-            if not greedy and (sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0):
-                logits[i] = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
-                temp = 1.0
-            temps.append(temp)
-            keys.append(row_key(seq.generator.initial_seed(), seq.output_len))
-        dev = logits.device
-        t_temps = torch.tensor(temps, dtype=torch.float32, pin_memory=True).to(
-            dev, non_blocking=True
-        )
-        t_keys = torch.tensor(keys, dtype=torch.int64, pin_memory=True).to(dev, non_blocking=True)
-        token_ids = sample(logits, t_temps, t_keys)
-        host = torch.empty(len(seqs), dtype=torch.int64, pin_memory=True)
-        host.copy_(token_ids, non_blocking=True)
-        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        ready.record()
         ks = [s.sampling.logprobs for s in seqs] if want_lp else []
-        return PendingSample(token_ids, host, ready, raw_lp, ks, failed, internal)
-
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
-        """logits: [len(seqs), vocab] float32, one row per sequence that samples this step."""
         if logits.is_cuda:
-            return self.sample_async(logits, seqs).resolve()
-        want_lp = any(s.sampling.logprobs is not None for s in seqs)
-        raw_lp = logits.log_softmax(-1) if want_lp else None
-        failed, internal = self.prepare(logits, seqs)
-        greedy_rows = [i for i, s in enumerate(seqs) if _is_greedy(s)]
-        argmax = logits.argmax(-1).tolist() if greedy_rows else []
-        results: list[SampleResult] = []
-        for i, seq in enumerate(seqs):
-            if i in failed:
-                results.append(SampleResult(-1, None, failed[i], i in internal))
-                continue
-            sp = seq.sampling
-            if _is_greedy(seq):
-                token = argmax[i]
-            else:
-                row = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
-                probs = row.softmax(-1)
-                if bool(torch.isfinite(probs).all()) and float(probs.sum()) > 0:
-                    token = int(torch.multinomial(probs, 1, generator=seq.generator))
-                else:  # a degenerate distribution (e.g. every token penalized to -inf)
-                    token = int(torch.nan_to_num(row, nan=float("-inf")).argmax())
-            lp = None
-            if raw_lp is not None and sp.logprobs is not None:
-                lp = logprob_entry(raw_lp[i], token, sp.logprobs)
-            results.append(SampleResult(token, lp))
-        return results
+            token_ids = _draw_on_device(logits, seqs, failed)
+            host = torch.empty(len(seqs), dtype=torch.int64, pin_memory=True)
+            host.copy_(token_ids, non_blocking=True)
+            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready.record()
+            return PendingSample(token_ids, host, ready, raw_lp, ks, failed, internal)
+        token_ids = _draw_on_host(logits, seqs, failed)
+        return PendingSample(token_ids, token_ids, None, raw_lp, ks, failed, internal)
+
+
+def _draw_on_device(
+    logits: torch.Tensor, seqs: list[Sequence], failed: dict[int, str]
+) -> torch.Tensor:
+    """CUDA: every row in one kernel (greedy or Gumbel-max), Philox noise keyed by (seed, step)."""
+    from trtllm_gateway.engine.builtin.kernels.sampling import row_key, sample
+
+    temps: list[float] = []
+    keys: list[int] = []
+    for i, seq in enumerate(seqs):
+        sp = seq.sampling
+        greedy = _is_greedy(seq) or i in failed
+        temp = 0.0 if greedy else sp.temperature
+        if not greedy and (sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0):
+            logits[i] = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
+            temp = 1.0
+        temps.append(temp)
+        keys.append(row_key(seq.generator.initial_seed(), seq.output_len))
+    dev = logits.device
+    t_temps = torch.tensor(temps, dtype=torch.float32, pin_memory=True).to(dev, non_blocking=True)
+    t_keys = torch.tensor(keys, dtype=torch.int64, pin_memory=True).to(dev, non_blocking=True)
+    return sample(logits, t_temps, t_keys)
+
+
+def _draw_on_host(
+    logits: torch.Tensor, seqs: list[Sequence], failed: dict[int, str]
+) -> torch.Tensor:
+    """CPU: greedy rows by argmax, the others from their own seeded torch.Generator."""
+    token_ids = logits.argmax(-1)
+    for i, seq in enumerate(seqs):
+        if i in failed or _is_greedy(seq):
+            continue
+        sp = seq.sampling
+        row = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
+        probs = row.softmax(-1)
+        if bool(torch.isfinite(probs).all()) and float(probs.sum()) > 0:
+            token_ids[i] = torch.multinomial(probs, 1, generator=seq.generator)[0]
+        else:  # a degenerate distribution (e.g. every token penalized to -inf)
+            token_ids[i] = torch.nan_to_num(row, nan=float("-inf")).argmax()
+    return token_ids
 
 
 def _apply_processors(logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, str]:

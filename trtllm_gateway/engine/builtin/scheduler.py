@@ -13,14 +13,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from trtllm_gateway.engine.builtin.block_manager import BlockManager, block_hash
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
 from trtllm_gateway.engine.kv_events.log import MmSpan
-
-if TYPE_CHECKING:
-    import torch
 
 
 @dataclass(slots=True)
@@ -33,14 +29,6 @@ class ScheduledChunk:
     def samples(self) -> bool:
         """True when the chunk reaches the end of the sequence, so a token is sampled."""
         return self.start + self.length == self.seq.num_tokens
-
-
-@dataclass(slots=True)
-class StepOutput:
-    """What a forward pass over scheduled chunks gives the sampler (both runner paths)."""
-
-    sample_chunks: list[ScheduledChunk]  # chunks that sample, in the row order of logits
-    logits: torch.Tensor  # [len(sample_chunks), vocab] float32
 
 
 class Scheduler:

@@ -1,28 +1,23 @@
-"""Stepper: one engine step (schedule, forward, sample, stop checks) on the engine thread only.
+"""Stepper: the requests in flight on the engine thread: add, abort, hand-offs, and each step.
 
-It owns the step's collaborators and hands them to the OverlapPipeline (CUDA), which never sees
-the Stepper; what a sampled token means (stop checks, events) is the Outcomes' part.
+It owns the step's collaborators and hands them to the StepPipeline (pipeline.py), which never
+sees the Stepper; what a sampled token means (stop checks, events) is the Outcomes' part.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import TYPE_CHECKING
 
 from trtllm_gateway.engine.builtin.kv_transfer import import_kv, slots_for
 from trtllm_gateway.engine.builtin.outcomes import Emitted, Outcomes
-from trtllm_gateway.engine.builtin.overlap import OverlapPipeline
-from trtllm_gateway.engine.builtin.sampler import Sampler, row_failure
+from trtllm_gateway.engine.builtin.pipeline import StepPipeline
+from trtllm_gateway.engine.builtin.sampler import Sampler
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
-from trtllm_gateway.engine.builtin.step_failure import is_fatal, step_failed
 from trtllm_gateway.engine.protocol import InvalidRequestError, OverloadedError, TokenEvent
 
 if TYPE_CHECKING:
     from trtllm_gateway.engine.builtin.loader import LoadedModel
-
-logger = logging.getLogger(__name__)
 
 
 class Stepper:
@@ -34,8 +29,10 @@ class Stepper:
         max_model_len: int,
         handoff_timeout: float = 30.0,
         max_held_blocks: int | None = None,
+        depth: int | None = None,
     ) -> None:
-        self.runner = lm.runner
+        """depth: steps the host resolves behind the device (pipeline.py); None: the
+        backend's own (0 on CPU, 1 on CUDA)."""
         self.device = lm.device
         self.scheduler = scheduler
         self.sampler = sampler
@@ -48,13 +45,9 @@ class Stepper:
         # The last step scheduled nothing and emitted nothing: only a message (an add, an
         # abort, a release) or a hand-off's expiry can change that, so the loop waits for one.
         self.stalled = False
-        # CUDA: schedule step N+1 while the GPU runs step N (overlap.py).
-        self.pipeline = (
-            OverlapPipeline(scheduler, lm.runner, sampler, self.outcomes)
-            if lm.runner.overlap
-            else None
-        )
-        self.kv_caches = lm.runner.kv_caches
+        depth = lm.backend.depth if depth is None else depth
+        self.pipeline = StepPipeline(scheduler, lm.backend, sampler, self.outcomes, depth)
+        self.kv_caches = lm.backend.kv_caches
         self.block_size = lm.blocks.block_size
         self.kv_layout = lm.kv_layout
         scheduler.on_import = self._write_imported
@@ -100,8 +93,7 @@ class Stepper:
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return []
-        if self.pipeline is not None:
-            self.pipeline.forget(seq)
+        self.pipeline.forget(seq)
         self.scheduler.finish(seq)
         return [(request_id, self.outcomes.final_event(seq, "abort", ()))]
 
@@ -143,38 +135,7 @@ class Stepper:
         return out
 
     def step(self) -> Emitted:
-        events = self._step()
-        idle_pipeline = self.pipeline is None or self.pipeline.inflight is None
-        self.stalled = not events and self.scheduler.last_scheduled == 0 and idle_pipeline
-        return events
-
-    def _step(self) -> Emitted:
-        if self.pipeline is not None:
-            return self.pipeline.step()
-        chunks = self.scheduler.schedule()
-        if not chunks:
-            return []
-        try:
-            out = self.runner.run(chunks)
-        except Exception as e:  # this step's requests fail, not the engine (step_failure.py)
-            if is_fatal(e):
-                raise
-            failing = [c.seq for c in chunks]  # one chunk per sequence
-            return self.outcomes.fail(failing, step_failed(e, len(failing)))
-        self.scheduler.commit(chunks)
-        seqs = [c.seq for c in out.sample_chunks]
-        try:
-            results = self.sampler(out.logits, seqs) if seqs else []
-        except Exception as e:  # contain it to the requests of this step, not the engine
-            logger.exception("sampling failed; failing the %d requests of this step", len(seqs))
-            return self.outcomes.fail(seqs, InvalidRequestError(f"sampling failed: {e}"))
-        now = time.perf_counter()
-        events: Emitted = []
-        for seq, r in zip(seqs, results, strict=True):
-            if r.error is not None:
-                why = f"sampling failed: {r.error}"
-                events += self.outcomes.fail([seq], row_failure(seq, why, r.internal))
-                continue
-            seq.token_ids.append(r.token_id)
-            self.outcomes.accept(seq, r, now, events)
+        events = self.pipeline.step()
+        idle = self.pipeline.inflight is None
+        self.stalled = not events and self.scheduler.last_scheduled == 0 and idle
         return events

@@ -1,5 +1,5 @@
 """Image placeholders: expand each image token to its embedding rows, and merge the embeddings
-into a packed step's input embeddings at those positions (chunked prefill takes its slice).
+into a packed step's input embeddings at those rows (chunked prefill takes its slice).
 
 The gateway's prompt has one image token per image (the chat template puts it there); the
 engine expands it to as many positions as the image has embedding rows, before admission, so
@@ -10,14 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from trtllm_gateway.engine.protocol import InvalidRequestError
-
-if TYPE_CHECKING:
-    from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,36 +51,35 @@ def expand_prompt(
     return out, tuple(placed)
 
 
-def touches_images(chunks: Sequence[ScheduledChunk]) -> bool:
-    """Whether any chunk of the step covers an image position."""
-    for c in chunks:
-        end = c.start + c.length
-        for img in c.seq.images:
-            if isinstance(img, PlacedImage) and img.start < end and c.start < img.end:
-                return True
-    return False
+@dataclass(frozen=True, slots=True)
+class ImageRows:
+    """Packed rows [row, row + end - first) of a step take rows [first, end) of an image."""
+
+    row: int
+    image: PlacedImage
+    first: int
+    end: int
 
 
-def image_embeds_for(
-    embed_tokens: torch.nn.Module, chunks: Sequence[ScheduledChunk], input_ids: torch.Tensor
+def image_rows(images: Sequence[object], start: int, length: int, row: int) -> list[ImageRows]:
+    """The rows of a chunk (positions [start, start + length), packed from `row` on) that its
+    sequence's images cover; chunked prefill takes each image's slice."""
+    end = start + length
+    out: list[ImageRows] = []
+    for img in images:
+        if isinstance(img, PlacedImage) and img.start < end and start < img.end:
+            lo, hi = max(img.start, start), min(img.end, end)
+            out.append(ImageRows(row + lo - start, img, lo - img.start, hi - img.start))
+    return out
+
+
+def merge_images(
+    embed_tokens: torch.nn.Module, input_ids: torch.Tensor, rows: Sequence[ImageRows]
 ) -> torch.Tensor | None:
-    """The step's input embeddings with image rows merged in; None when no chunk has any.
-
-    chunks are in packed order: chunk i covers rows [offset, offset + length) for positions
-    [start, start + length).
-    """
-    spans: list[tuple[int, PlacedImage, int, int]] = []
-    offset = 0
-    for c in chunks:
-        end = c.start + c.length
-        for img in c.seq.images:
-            if isinstance(img, PlacedImage) and img.start < end and c.start < img.end:
-                lo, hi = max(img.start, c.start), min(img.end, end)
-                spans.append((offset + lo - c.start, img, lo - img.start, hi - img.start))
-        offset += c.length
-    if not spans:
+    """The step's input embeddings with the image rows merged in; None when there are none."""
+    if not rows:
         return None
     h: torch.Tensor = embed_tokens(input_ids)
-    for row, img, a, b in spans:
-        h[row : row + b - a] = img.embeds[a:b].to(h.device, h.dtype)
+    for r in rows:
+        h[r.row : r.row + r.end - r.first] = r.image.embeds[r.first : r.end].to(h.device, h.dtype)
     return h

@@ -1,0 +1,154 @@
+"""StepPipeline: one engine step on every device: launch step N, then resolve the step `depth` back.
+
+  schedule ─▶ StepBatch.build ─▶ backend.forward ─▶ sampler.sample ─▶ PendingSample   (launch)
+  resolve the step `depth` back: PendingSample.resolve ─▶ Outcomes (stop checks, events)
+
+depth 0 (CPU's default): a step is resolved as soon as it is launched. depth 1 (CUDA's): once step
+N is launched, each sampling sequence gets a placeholder token -(r + 1), r its row in step N's
+sampled ids, which stay on the device. The scheduler only counts tokens, so step N+1 is
+scheduled and launched at once, the backend swapping the placeholders for the real ids on the
+device; only then does the host wait for step N's ids (copied by then) and run the stop checks.
+A sequence that stopped at step N has one wasted token computed in step N+1, whose result is
+dropped. Rows that read the token history (penalties, logits processors, a grammar's mask)
+resolve the step in flight first. At depth 0 a placeholder never outlives step().
+
+One failure rule (step_failure.py): a launch or a resolve that raises fails the requests of its
+step, nothing of the launch committed; an error that says the device is broken ends the core.
+A row the sampler could not sample fails that request alone (row_failure).
+
+The pipeline is given its collaborators (scheduler, backend, sampler, and the Outcomes that turn
+a resolved token into its event), never the Stepper that owns it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from trtllm_gateway.engine.builtin.backend import Backend
+from trtllm_gateway.engine.builtin.outcomes import Emitted, Outcomes
+from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler, row_failure
+from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, Scheduler
+from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.builtin.step_batch import StepBatch
+from trtllm_gateway.engine.builtin.step_failure import is_fatal, step_failed
+
+DEPTHS = (0, 1)  # a placeholder names a row of the previous step's samples only
+
+
+@dataclass(slots=True)
+class _Launched:
+    seqs: list[Sequence]
+    pending: PendingSample
+
+
+def _reads_history(seq: Sequence) -> bool:
+    """Penalties and logits processors read the token history, and a constraint's mask needs
+    its previous token."""
+    sp = seq.sampling
+    return bool(
+        sp.repetition_penalty != 1.0
+        or sp.presence_penalty
+        or sp.frequency_penalty
+        or seq.guided is not None
+        or seq.logits_bound
+    )
+
+
+def _unresolved(seq: Sequence) -> bool:
+    """Still waits for its token: neither stopped nor aborted since the step was launched."""
+    return not seq.is_finished and bool(seq.token_ids) and seq.token_ids[-1] < 0
+
+
+class StepPipeline:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        backend: Backend,
+        sampler: Sampler,
+        outcomes: Outcomes,
+        depth: int,
+    ) -> None:
+        if depth not in DEPTHS:
+            raise ValueError(f"overlap depth must be one of {DEPTHS}, got {depth}")
+        self.scheduler = scheduler
+        self.backend = backend
+        self.sampler = sampler
+        self.outcomes = outcomes
+        self.depth = depth
+        self.inflight: _Launched | None = None
+
+    def forget(self, seq: Sequence) -> None:
+        """An aborted sequence: drop its unresolved placeholder so its usage counts stay right."""
+        if seq.token_ids and seq.token_ids[-1] < 0:
+            seq.token_ids.pop()
+
+    def step(self) -> Emitted:
+        events: Emitted = []
+        if self.inflight is not None and any(_reads_history(s) for s in self.inflight.seqs):
+            events += self._resolve()
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return events + self._resolve()
+        try:
+            launched = self._launch(chunks)
+        except Exception as e:  # this step's requests fail, not the engine (step_failure.py)
+            if is_fatal(e):
+                raise
+            return events + self._fail(chunks, e)
+        events += self._resolve()  # depth 1: the step before, while the device runs this one
+        self.scheduler.commit([c for c in chunks if not c.seq.is_finished])
+        if launched is not None:
+            for row, seq in enumerate(launched.seqs):
+                if not seq.is_finished:
+                    seq.token_ids.append(-(row + 1))
+            self.inflight = launched
+            if self.depth == 0:
+                events += self._resolve()
+        return events
+
+    def _launch(self, chunks: list[ScheduledChunk]) -> _Launched | None:
+        """Pack, forward, sample; None when no chunk of the step samples."""
+        batch = StepBatch.build(chunks, self.scheduler.blocks.block_size)
+        prev = self.inflight.pending.token_ids if self.inflight is not None else None
+        logits = self.backend.forward(batch, prev)
+        if not batch.sample_seqs:
+            return None
+        seqs = list(batch.sample_seqs)
+        return _Launched(seqs, self.sampler.sample(logits, seqs))
+
+    def _fail(self, chunks: list[ScheduledChunk], exc: Exception) -> Emitted:
+        """The step in flight is good: resolve it; then fail the requests of the one that
+        raised (nothing of it was committed), those the resolve did not finish."""
+        events = self._resolve()
+        failing = [c.seq for c in chunks if not c.seq.is_finished]
+        for seq in failing:
+            self.forget(seq)
+        return events + self.outcomes.fail(failing, step_failed(exc, len(failing)))
+
+    def _resolve(self) -> Emitted:
+        launched, self.inflight = self.inflight, None
+        events: Emitted = []
+        if launched is None:
+            return events
+        try:
+            results = launched.pending.resolve()
+        except Exception as e:  # the same rule as a launch's failure
+            if is_fatal(e):
+                raise
+            live = [s for s in launched.seqs if _unresolved(s)]
+            for seq in live:
+                self.forget(seq)
+            return self.outcomes.fail(live, step_failed(e, len(live)))
+        now = time.perf_counter()
+        for seq, r in zip(launched.seqs, results, strict=True):
+            if not _unresolved(seq):
+                continue  # stopped or aborted while this step ran
+            if r.error is not None:
+                self.forget(seq)
+                why = f"sampling failed: {r.error}"
+                events += self.outcomes.fail([seq], row_failure(seq, why, r.internal))
+                continue
+            seq.token_ids[-1] = r.token_id
+            self.outcomes.accept(seq, r, now, events)
+        return events

@@ -1,0 +1,124 @@
+"""StepBatch: one step's scheduled chunks packed once, on the host, for whichever backend runs it.
+
+One packer for every device: CpuBackend (SDPA, cpu_kernels/) and TritonBackend (kernels/, CUDA
+graphs) take the same batch and differ only in the forward they run on it.
+
+  chunks ─▶ decodes first ─▶ token_ids, positions, slots           one row per new token
+                          ├▶ decode_tables                         one row per decode
+                          ├▶ prefill q_starts, q_lens, ctx_lens, tables   one per prefill chunk
+                          ├▶ sample_rows, sample_seqs              the chunks that reach their end
+                          ├▶ prompt_logprobs                       (chunk, first row) that want them
+                          └▶ images                                rows an image's embeddings fill
+
+Decodes (one new token) lead, so they batch into one decode-attention call. A token id may be a
+placeholder -(r + 1) for row r of the previous step's sampled ids, not yet on the host
+(pipeline.py, depth 1); the backend swaps it on its device. All arrays are numpy, never written
+after build().
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk
+from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.builtin.vision.placeholders import ImageRows, image_rows
+
+_NO_ROWS = np.zeros((0, 1), dtype=np.int32)
+
+
+def _padded(tables: list[np.ndarray]) -> np.ndarray:
+    """Block tables as [rows, widest] int32, padded with block 0."""
+    if not tables:
+        return _NO_ROWS
+    if len(tables) == 1 and len(tables[0]):
+        return tables[0].reshape(1, -1)  # a view of the sequence's cached array: never written
+    width = max(len(t) for t in tables) or 1
+    out = np.zeros((len(tables), width), dtype=np.int32)
+    for i, t in enumerate(tables):
+        out[i, : len(t)] = t
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    chunks: tuple[ScheduledChunk, ...]  # in packed order: decodes first
+    token_ids: np.ndarray  # [T] int64; a placeholder -(r + 1) is row r of the previous samples
+    positions: np.ndarray  # [T] int64
+    slots: np.ndarray  # [T] int64 cache slot of each new token (block * block_size + offset)
+    num_decodes: int  # rows [0, num_decodes) are single-token decodes
+    decode_tables: np.ndarray  # [num_decodes, w] int32
+    prefill_q_starts: np.ndarray  # [P] int32 first packed row of each prefill chunk
+    prefill_q_lens: np.ndarray  # [P] int32
+    prefill_ctx_lens: np.ndarray  # [P] int32 context after this step, the chunk included
+    prefill_tables: np.ndarray  # [P, w] int32
+    sample_rows: np.ndarray  # [S] int64 the last row of each chunk that samples
+    sample_seqs: tuple[Sequence, ...]  # their sequences, in row order
+    prompt_logprobs: tuple[tuple[ScheduledChunk, int], ...]  # (chunk, its first row)
+    images: tuple[ImageRows, ...]
+    placeholders: bool  # some token id is a placeholder
+
+    @property
+    def decode_ctx_lens(self) -> np.ndarray:
+        """[num_decodes] context length of each decode row, its new token included."""
+        return self.positions[: self.num_decodes] + 1
+
+    @classmethod
+    def build(cls, chunks: list[ScheduledChunk], block_size: int) -> StepBatch:
+        bs = block_size
+        ordered = sorted(chunks, key=lambda c: c.length != 1)
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        d_tables: list[np.ndarray] = []
+        p_tables: list[np.ndarray] = []
+        p_start: list[int] = []
+        p_len: list[int] = []
+        p_ctx: list[int] = []
+        rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        prompt_lps: list[tuple[ScheduledChunk, int]] = []
+        images: list[ImageRows] = []
+        for c in ordered:
+            seq, row, end = c.seq, len(ids), c.start + c.length
+            table = seq.block_table_array()
+            ids += seq.token_ids[c.start : end]
+            if c.length == 1:  # plain ints: a decode step of a few rows stays cheap
+                p = c.start
+                pos.append(p)
+                slots.append(seq.block_table[p // bs] * bs + p % bs)
+                d_tables.append(table)
+            else:
+                r = np.arange(c.start, end)
+                pos += r.tolist()
+                slots += (table[r // bs].astype(np.int64) * bs + r % bs).tolist()
+                p_tables.append(table)
+                p_start.append(row)
+                p_len.append(c.length)
+                p_ctx.append(end)
+            if c.samples:
+                rows.append(row + c.length - 1)
+                sample_seqs.append(seq)
+            if seq.sampling.prompt_logprobs is not None and not seq.prompt_logprobs_done:
+                prompt_lps.append((c, row))
+            if seq.images:
+                images += image_rows(seq.images, c.start, c.length, row)
+        return cls(
+            chunks=tuple(ordered),
+            token_ids=np.asarray(ids, dtype=np.int64),
+            positions=np.asarray(pos, dtype=np.int64),
+            slots=np.asarray(slots, dtype=np.int64),
+            num_decodes=len(d_tables),
+            decode_tables=_padded(d_tables),
+            prefill_q_starts=np.asarray(p_start, dtype=np.int32),
+            prefill_q_lens=np.asarray(p_len, dtype=np.int32),
+            prefill_ctx_lens=np.asarray(p_ctx, dtype=np.int32),
+            prefill_tables=_padded(p_tables),
+            sample_rows=np.asarray(rows, dtype=np.int64),
+            sample_seqs=tuple(sample_seqs),
+            prompt_logprobs=tuple(prompt_lps),
+            images=tuple(images),
+            placeholders=bool(ids) and min(ids) < 0,
+        )

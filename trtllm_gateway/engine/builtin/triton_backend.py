@@ -1,0 +1,129 @@
+"""TritonBackend: a StepBatch's forward on CUDA: pinned uploads, Triton kernels, decode graphs.
+
+The batch's numpy arrays are uploaded through pinned memory with non-blocking copies, so the
+host never waits for the GPU while it prepares a step. Decodes lead the packed batch (split-KV
+decode kernel), prefill chunks follow (packed prefill kernel). A step of decodes only that fits
+a captured batch size replays a CUDA graph. The GPU runs a step while the host resolves the one
+before: the default overlap depth is 1 (pipeline.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trtllm_gateway.engine.builtin.attention import AttentionMetadata, KernelPrefill
+from trtllm_gateway.engine.builtin.backend import (
+    KvCaches,
+    fill_prompt_logprobs,
+    resolve_placeholders,
+)
+from trtllm_gateway.engine.builtin.cuda_graph import DecodeGraphs
+from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits, warm_up
+from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
+from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_tiles
+from trtllm_gateway.engine.builtin.model import LlamaModel
+from trtllm_gateway.engine.builtin.step_batch import StepBatch
+from trtllm_gateway.engine.builtin.vision.placeholders import merge_images
+
+
+class TritonBackend:
+    depth = 1
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_caches: KvCaches,
+        page: int,
+        device: torch.device,
+        max_model_len: int,
+        max_batch_size: int,
+        cuda_graphs: bool,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.page = page
+        self.device = device
+        self.num_kv_heads = model.cfg.num_kv_heads
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        model.ops = KernelOps(page)
+        # Eager steps pick their split count per step: compile every variant now, not mid-serving.
+        warm_up(*kv_caches[0], model.cfg.num_heads, model.embed_tokens.weight.dtype, page)
+        # One token past max_model_len: at depth 1 a stopped sequence computes one wasted token.
+        max_blocks = -(-(max_model_len + 1) // page)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs:
+            self.graphs = DecodeGraphs(
+                model, kv_caches, min(max_batch_size, 512), max_blocks, max_model_len + 1, page
+            )
+            self.graphs.capture()
+
+    def _up(self, data: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:
+        host = torch.as_tensor(np.asarray(data)).to(dtype).pin_memory()
+        return host.to(self.device, non_blocking=True)
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+        nd = batch.num_decodes
+        rows = batch.sample_rows
+        g = self.graphs
+        pure_decode = nd == len(batch.chunks)
+        bucket = g.bucket(nd) if g is not None and pure_decode else None
+        # A 1-token prefill chunk may land on an image, so a "decode" batch may carry images.
+        if g is not None and bucket is not None and not batch.prompt_logprobs and not batch.images:
+            logits = self._replay(g, bucket, batch, prev)
+            if len(rows) != nd:
+                logits = logits[self._up(rows, torch.long)]
+            return logits
+
+        input_ids = self._up(batch.token_ids, torch.long)
+        if batch.placeholders:
+            input_ids = resolve_placeholders(input_ids, prev)
+        meta = AttentionMetadata(slot_mapping=self._up(batch.slots, torch.long), num_decodes=nd)
+        if nd:
+            ctx_lens = batch.decode_ctx_lens
+            meta.decode_block_tables = self._up(batch.decode_tables, torch.int32)
+            meta.decode_ctx_lens = self._up(ctx_lens, torch.int32)
+            longest = int(ctx_lens.max())
+            meta.decode_splits = choose_splits(nd, self.num_kv_heads, longest, self.page, self.sms)
+        q_lens = batch.prefill_q_lens
+        if len(q_lens):
+            n = len(q_lens)
+            meta.prefill = KernelPrefill(
+                block_tables=self._up(batch.prefill_tables, torch.int32),
+                ctx_lens=self._up(batch.prefill_ctx_lens, torch.int32),
+                q_starts=self._up(batch.prefill_q_starts, torch.int32),
+                q_lens=self._up(q_lens, torch.int32),
+                tiles=self._up(prefill_tiles(list(range(n)), q_lens.tolist()), torch.int32),
+            )
+        embeds = merge_images(self.model.embed_tokens, input_ids, batch.images)  # LLaVA prompts
+        positions = self._up(batch.positions, torch.long)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, embeds)
+        fill_prompt_logprobs(self.model, batch, hidden)
+        if not len(rows):
+            return hidden.new_empty(0)
+        return self.model.compute_logits(hidden[self._up(rows, torch.long)])
+
+    def _replay(
+        self, g: DecodeGraphs, bucket: int, batch: StepBatch, prev: torch.Tensor | None
+    ) -> torch.Tensor:
+        n = batch.num_decodes
+        ids_h = np.zeros(bucket, dtype=np.int64)
+        ids_h[:n] = batch.token_ids
+        pos_h = np.zeros(bucket, dtype=np.int64)
+        pos_h[:n] = batch.positions
+        slots_h = np.full(bucket, -1, dtype=np.int64)  # padding rows write no KV
+        slots_h[:n] = batch.slots
+        ctx_h = np.zeros(bucket, dtype=np.int32)  # ... and attend to nothing
+        ctx_h[:n] = pos_h[:n] + 1
+        bt = np.zeros((bucket, batch.decode_tables.shape[1]), dtype=np.int32)
+        bt[:n] = batch.decode_tables
+        ids = g.input_ids[:bucket]
+        ids.copy_(self._up(ids_h, torch.long), non_blocking=True)
+        if batch.placeholders:
+            ids.copy_(resolve_placeholders(ids, prev))
+        g.positions[:bucket].copy_(self._up(pos_h, torch.long), non_blocking=True)
+        g.slots[:bucket].copy_(self._up(slots_h, torch.long), non_blocking=True)
+        g.ctx_lens[:bucket].copy_(self._up(ctx_h, torch.int32), non_blocking=True)
+        g.block_tables[:bucket, : bt.shape[1]].copy_(self._up(bt, torch.int32), non_blocking=True)
+        return g.replay(bucket)[:n]
