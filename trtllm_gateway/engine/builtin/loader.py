@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -21,6 +22,7 @@ from trtllm_gateway.engine.builtin.attention import (
 from trtllm_gateway.engine.builtin.backend import Backend
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.cpu_backend import CpuBackend
+from trtllm_gateway.engine.builtin.cpu_decode import attach as attach_cpu_decode
 from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm, is_built
 from trtllm_gateway.engine.builtin.cpu_threads import sized
 from trtllm_gateway.engine.builtin.device_dtype import pick_device, pick_dtype
@@ -101,12 +103,13 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
         reader=reader,
     )
     _apply_fp8(model, cfg, reader, config, device)
+    kernels: ModuleType | None = None
     if config.quantization == "int8":
         if device.type != "cpu":
             raise ValueError("--quantization int8 is for the CPU path; CUDA runs bf16")
         logger.info("int8 weight copies for %d linear layers", quantize_int8(model))
     elif config.packed_weights != "off" and device.type == "cpu" and dtype == torch.float32:
-        _pack(model, int8=config.packed_weights == "int8", progress=progress)
+        kernels = _pack(model, int8=config.packed_weights == "int8", progress=progress)
     kv_dtype = fp8.FP8 if config.fp8_kv else dtype
     num_blocks = _num_blocks(config, cfg, kv_dtype, device)
     bs = config.block_size
@@ -115,6 +118,8 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
     shape = (cfg.num_layers, 2, slots, cfg.num_kv_heads, cfg.head_dim)
     kv = torch.zeros(shape, dtype=kv_dtype, device=device)
     kv_caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
+    if kernels is not None and attach_cpu_decode(model, kernels, kv_caches, bs, ATTN_FMA_COST):
+        logger.info("CPU decode steps: the decoder stack in one kernel call (cpu_decode.py)")
     logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs, kv.nbytes / 2**30)
     blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
     backend: Backend
@@ -184,7 +189,8 @@ def _num_blocks(
     return max(2, budget // block_bytes)
 
 
-def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> None:
+def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> ModuleType | None:
+    """Pack the model's GGUF-block weights for the CPU kernels; the kernels' module, or None."""
     if not is_built():
         progress("building CPU kernels (first start of this install; cached for later starts)")
     kernels = block_gemm()
@@ -211,6 +217,7 @@ def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> Non
                 m.rope_store = kernels.rope_store
             elif isinstance(m, MLP):
                 m.silu_mul = kernels.silu_mul
+    return kernels
 
 
 def _attn_fmas(

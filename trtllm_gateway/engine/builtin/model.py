@@ -9,7 +9,7 @@ kernels (add+RMSNorm, RoPE+KV store, paged attention, SiLU-mul) around the cuBLA
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,21 @@ if TYPE_CHECKING:
     from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
 
 AttentionFn = Callable[..., torch.Tensor]
+
+
+class DecodeStep(Protocol):
+    """The CPU path's whole-stack decode (cpu_decode.CpuDecode), set by the loader."""
+
+    def applies(
+        self,
+        input_ids: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> bool: ...
+
+    def forward(
+        self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor: ...
 
 
 def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -152,6 +167,9 @@ class LlamaModel(nn.Module):
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.attn_fn: AttentionFn = paged_attention
         self.ops: KernelOps | None = None
+        # CPU, packed float32 weights: pure decode steps in one C++ call (cpu_decode.py), the
+        # same kernels in the same order as the loop below.
+        self.cpu_decode: DecodeStep | None = None
 
     def forward(
         self,
@@ -167,6 +185,13 @@ class LlamaModel(nn.Module):
         # A fresh residual stream (never the caller's embeds), so the adds can be in place.
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.clone()
         rope = self.rope.tables(positions)
+        fused = self.cpu_decode
+        if (
+            fused is not None
+            and inputs_embeds is None
+            and fused.applies(input_ids, kv_caches, meta)
+        ):
+            return fused.forward(h, rope, meta)
         for layer, kv in zip(self.decoder_layers, kv_caches, strict=True):
             h += layer.self_attn(layer.input_layernorm(h), rope, kv, meta, self.attn_fn)
             h += layer.mlp(layer.post_attention_layernorm(h))

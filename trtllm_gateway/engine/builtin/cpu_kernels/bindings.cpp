@@ -1,9 +1,11 @@
 // The Python module that cpu_kernels/build.py compiles: block matmuls (float32 and int8
-// activations), decode attention, RMSNorm, RoPE with the KV store, SiLU-and-multiply.
+// activations), decode attention, RMSNorm, RoPE with the KV store, SiLU-and-multiply, and a pure
+// decode step's whole decoder stack (DecodeStack).
 #include <torch/extension.h>
 
 #include "block_gemm.h"
 #include "decode_attention.h"
+#include "decode_stack.h"
 #include "fused_ops.h"
 #include "q8_gemm.h"
 #include "rms_norm.h"
@@ -35,4 +37,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &trtllm_gateway::silu_mul, "silu(gate) * up of a [T, 2I] gate_up row");
   m.def("rms_norm", &trtllm_gateway::rms_norm, "RMSNorm of float32 rows");
   m.def("decode_attention", &trtllm_gateway::decode_attention, "paged decode attention, float32");
+  pybind11::class_<trtllm_gateway::DecodeStack>(m, "DecodeStack",
+                                                "a pure decode step's decoder stack, one call")
+      .def(pybind11::init<std::vector<torch::Tensor>, torch::Tensor, std::vector<torch::Tensor>,
+                          std::vector<torch::Tensor>, std::vector<bool>,
+                          std::vector<torch::Tensor>, int64_t, int64_t, double, double, int64_t,
+                          int64_t>())
+      .def("forward", &trtllm_gateway::DecodeStack::forward,
+           pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -49,6 +49,7 @@ SOURCES = [
         "bindings.cpp",
         "block_gemm.cpp",
         "decode_attention.cpp",
+        "decode_stack.cpp",
         "fused_ops.cpp",
         "q8_gemm.cpp",
         "rms_norm.cpp",
