@@ -46,8 +46,9 @@ def use_kernels(loaded: LoadedModel, kernels: Any) -> None:
         elif isinstance(m, MLP):
             m.silu_mul = kernels.silu_mul
     model.attn_fn = functools.partial(paged_attention, decode=decode_kernel(kernels))
-    caches = loaded.runner.kv_caches
-    assert cpu_decode.attach(model, kernels, caches, loaded.runner.block_size, ATTN_FMA_COST)
+    caches = loaded.backend.kv_caches
+    bs = loaded.backend.block_size
+    assert cpu_decode.attach_decode_stack(model, kernels, caches, bs, ATTN_FMA_COST)
 
 
 def decode_step(lens: list[int], block_size: int, seed: int) -> tuple[Any, ...]:
@@ -85,12 +86,12 @@ def test_decode_stack_is_the_eager_forward_bit_for_bit(
     loaded: LoadedModel, kernels: Any, lens: list[int]
 ) -> None:
     use_kernels(loaded, kernels)
-    model, caches = loaded.model, loaded.runner.kv_caches
+    model, caches = loaded.model, loaded.backend.kv_caches
     whole = caches[0][0]._base  # one tensor holds every layer's K and V
     assert whole is not None and whole.shape[0] == len(caches)
     whole.copy_(torch.randn(whole.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
     before = whole.clone()
-    ids, pos, meta = decode_step(lens, loaded.runner.block_size, seed=len(lens))
+    ids, pos, meta = decode_step(lens, loaded.backend.block_size, seed=len(lens))
     assert model.cpu_decode.applies(ids, caches, meta)
     fused = model(ids, pos, caches, meta)
     fused_kv = whole.clone()
@@ -107,10 +108,10 @@ def test_decode_stack_is_the_eager_forward_bit_for_bit(
 
 @torch.inference_mode()
 def test_decode_stack_leaves_other_steps_to_the_eager_path(loaded: LoadedModel) -> None:
-    model, caches = loaded.model, loaded.runner.kv_caches
+    model, caches = loaded.model, loaded.backend.kv_caches
     stack = model.cpu_decode
     assert stack is not None
-    ids, _pos, meta = decode_step([3, 9], loaded.runner.block_size, seed=0)
+    ids, _pos, meta = decode_step([3, 9], loaded.backend.block_size, seed=0)
     assert stack.applies(ids, caches, meta)
     assert not stack.applies(ids, list(caches), meta)  # another cache than the one bound
     meta.num_decodes = 1  # a mixed step: one decode row, one prefill row

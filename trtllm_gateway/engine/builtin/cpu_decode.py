@@ -64,7 +64,7 @@ class CpuDecode:
         return out
 
 
-def attach(
+def attach_decode_stack(
     model: LlamaModel,
     kernels: ModuleType,
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]],

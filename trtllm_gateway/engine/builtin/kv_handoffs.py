@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trtllm_gateway.config.engine import EngineConfig
-from trtllm_gateway.engine.builtin.kv_staging import KvCaches
+from trtllm_gateway.engine.builtin.backend import KvCaches
 from trtllm_gateway.engine.builtin.kv_transfer_worker import KvTransferWorker, Staged
 from trtllm_gateway.engine.builtin.loader import LoadedModel
 from trtllm_gateway.engine.builtin.outcomes import Emitted

@@ -23,6 +23,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import torch
 
+from trtllm_gateway.engine.builtin.backend import KvCaches
 from trtllm_gateway.engine.kv_region import (
     ARENA_PREFIX,
     PROBE_BYTES,
@@ -36,7 +37,6 @@ from trtllm_gateway.engine.kv_region import (
 
 logger = logging.getLogger(__name__)
 
-KvCaches = list[tuple[torch.Tensor, torch.Tensor]]
 _DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)}
 
 

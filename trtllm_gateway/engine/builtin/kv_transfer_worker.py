@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from trtllm_gateway.engine.builtin.backend import KvCaches
 from trtllm_gateway.engine.builtin.kv_staging import (
     DeviceArena,
     HostArena,
-    KvCaches,
     Sources,
     all_finite,
     as_kv,

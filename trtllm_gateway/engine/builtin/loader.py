@@ -22,7 +22,7 @@ from trtllm_gateway.engine.builtin.attention import (
 from trtllm_gateway.engine.builtin.backend import Backend
 from trtllm_gateway.engine.builtin.block_manager import BlockManager
 from trtllm_gateway.engine.builtin.cpu_backend import CpuBackend
-from trtllm_gateway.engine.builtin.cpu_decode import attach as attach_cpu_decode
+from trtllm_gateway.engine.builtin.cpu_decode import attach_decode_stack
 from trtllm_gateway.engine.builtin.cpu_kernels.build import block_gemm, is_built
 from trtllm_gateway.engine.builtin.cpu_threads import sized
 from trtllm_gateway.engine.builtin.device_dtype import pick_device, pick_dtype
@@ -118,7 +118,7 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
     shape = (cfg.num_layers, 2, slots, cfg.num_kv_heads, cfg.head_dim)
     kv = torch.zeros(shape, dtype=kv_dtype, device=device)
     kv_caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
-    if kernels is not None and attach_cpu_decode(model, kernels, kv_caches, bs, ATTN_FMA_COST):
+    if kernels is not None and attach_decode_stack(model, kernels, kv_caches, bs, ATTN_FMA_COST):
         logger.info("CPU decode steps: the decoder stack in one kernel call (cpu_decode.py)")
     logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, bs, kv.nbytes / 2**30)
     blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
