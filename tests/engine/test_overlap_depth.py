@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.engine.conftest import EngineFactory, collect, core_of, greedy
+from tests.engine.conftest import EngineFactory, collect, greedy
+from tests.in_thread import thread_core
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.logits.processor import ExtraArgs, LogitsProcessor, Row
 from trtllm_gateway.engine.protocol import (
@@ -69,7 +70,7 @@ async def engines(
     out = []
     for depth in (0, 1):
         engine = await make_engine(overlap_depth=depth, **overrides)
-        pipeline = core_of(engine)._st.pipeline
+        pipeline = thread_core(engine)._st.pipeline
         assert pipeline.depth == depth
         counting = Counting(pipeline.backend)
         pipeline.backend = counting  # before any request: the core thread is idle
