@@ -22,14 +22,20 @@ import pytest
 from tests.e2e.ops_client import INTERNAL_AUTH, INTERNAL_KEY, MODEL
 from tests.e2e.server import Server
 from tests.e2e.victims import alone, victims
+from trtllm_gateway.engine.disagg import kv_wire
 
 BLOCKS = 64  # x 16 tokens; held hand-offs may take half (--max-held-kv-fraction 0.5)
+# Since issue 41 a finished context phase's KV is staged into the transfer arena and its blocks
+# freed at once; the arena is the bound on what waits for siblings: 24 MiB holds one 300-token
+# prompt's float32 KV (46,080 bytes a token: 13.8 MB) and the 490-token one, not two of 300.
+STAGING_MB = 24
 EXPIRY_S = 300.0  # no hand-off expires mid-test (expiry: tests/unit/test_stepper_handoffs.py)
 
 
 @pytest.fixture(scope="module")
 def kv_server(log_dir: Path) -> Iterator[Server]:
     args = ["--num-kv-blocks", str(BLOCKS), "--kv-handoff-timeout", str(EXPIRY_S)]
+    args += ["--kv-staging-mb", str(STAGING_MB)]
     srv = Server(args=[*args, "--internal-api-key", INTERNAL_KEY]).start(log_dir)
     yield srv
     assert srv.stop() == 0, srv.log()
@@ -71,33 +77,37 @@ async def test_a_duplicate_prefill_id_is_refused_and_leaks_nothing(kv_server: Se
         expected = await alone(client, url)
         first = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("dup", 100))
         assert first.status_code == 200, first.text
-        held = await blocks_used(client, url)
-        assert held == 7  # 101 tokens (the prompt and its first token) in blocks of 16
+        assert await settled_blocks(client, url, 0) == 0  # staged: the blocks are free again
         beside = asyncio.create_task(victims(client, url))
         for _ in range(2):
             again = prefill_body("dup", 100, first=2000)
             r = await client.post(f"{url}/internal/v1/prefill", json=again)
             assert r.status_code == 400, r.text
             assert "dup" in r.json()["error"]["message"]
-        assert await blocks_used(client, url) >= held  # the victims may hold some too
         assert await beside == expected
-        assert await settled_blocks(client, url, held) == held  # the refusals took, freed nothing
+        assert await settled_blocks(client, url, 0) == 0  # the refusals held nothing
+        pulled = await client.get(f"{url}/internal/v1/kv/dup")  # the first hand-off is whole
+        assert pulled.status_code == 200, pulled.text
+        header, _ = kv_wire.decode(pulled.content)
+        assert header.num_tokens == 100
         r = await client.delete(f"{url}/internal/v1/kv/dup")
         assert r.status_code == 200, r.text
-        assert await settled_blocks(client, url, 0) == 0
         pulled = await client.get(f"{url}/internal/v1/kv/dup")
-        assert pulled.status_code == 404, pulled.text  # released means gone
+        assert pulled.status_code == 404, pulled.text  # pulled, then released: gone
 
 
 async def test_held_kv_has_a_bound(kv_server: Server) -> None:
     url = kv_server.url
     async with httpx.AsyncClient(timeout=120, headers=INTERNAL_AUTH) as client:
         a = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("bound-a", 300))
-        assert a.status_code == 200, a.text  # 19 blocks of the 32 that may be held
+        assert a.status_code == 200, a.text  # 13.8 MB of the 24 MiB staging arena
         b = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("bound-b", 300))
         assert b.status_code == 503, b.text
-        assert "held" in b.json()["error"]["message"]
+        assert "arena is full" in b.json()["error"]["message"]
         await client.delete(f"{url}/internal/v1/kv/bound-a")
+        c = await client.post(f"{url}/internal/v1/prefill", json=prefill_body("bound-c", 300))
+        assert c.status_code == 200, c.text  # released: room again
+        await client.delete(f"{url}/internal/v1/kv/bound-c")
         assert await settled_blocks(client, url, 0) == 0
 
 

@@ -4,7 +4,7 @@ Off by default, and then nothing of the OpenTelemetry SDK is imported and no mid
 `trace_headers()` and `annotate()` read a contextvar that stays empty. On, TracingMiddleware
 (inside the request context, so it reads the request's outcome there) opens a SERVER span per
 generation request: "llm_request" for /v1/chat/completions and /v1/completions (vLLM's name),
-"prefill" and "encode" for a sibling's /internal/v1/prefill and /internal/v1/encode. A W3C
+"prefill" and "encode" for a sibling's /internal/v1/prefill (or v2) and /internal/v1/encode. A W3C
 `traceparent` (and `tracestate`) from the caller makes it a child of the caller's span; the
 request's own calls to siblings carry this span's traceparent (GenerateRequest.trace_headers),
 so a remote prefill or encode is a child span on the other instance.
@@ -29,13 +29,14 @@ from urllib.parse import urlsplit
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trtllm_gateway.engine.disagg.sibling_wire import ENCODE_PATH, PREFILL_PATH
+from trtllm_gateway.engine.disagg.sibling_wire import ENCODE_PATH, PREFILL_PATH, PREFILL_V2_PATH
 from trtllm_gateway.web import request_context
 
 SPAN_NAMES = {
     "/v1/chat/completions": "llm_request",
     "/v1/completions": "llm_request",
     PREFILL_PATH: "prefill",
+    PREFILL_V2_PATH: "prefill",  # protocol v2's context phase (issue 41)
     ENCODE_PATH: "encode",
 }
 W3C_HEADERS = ("traceparent", "tracestate")

@@ -189,9 +189,12 @@ class KvHandoffs:
         return []
 
     def busy(self, request_id: str) -> bool:
+        """The id names a hand-off here: staging, staged for a sibling (a second context phase
+        under it would orphan the first's region: issue 24's duplicate id), or loading."""
         return (
             request_id in self._loading
             or request_id in self._staging
+            or request_id in self.staged
             or any(inc.seq.request_id == request_id for inc in self._waiting)
         )
 
