@@ -37,7 +37,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &trtllm_gateway::silu_mul, "silu(gate) * up of a [T, 2I] gate_up row");
   m.def("rms_norm", &trtllm_gateway::rms_norm, "RMSNorm of float32 rows");
   m.def("decode_attention", &trtllm_gateway::decode_attention, "paged decode attention, float32");
-  pybind11::class_<trtllm_gateway::DecodeStack>(m, "DecodeStack",
+  // module_local: every ISA variant is its own module with this same C++ type, and a process
+  // that loads two (the tests load native and portable) must not register it twice.
+  pybind11::class_<trtllm_gateway::DecodeStack>(m, "DecodeStack", pybind11::module_local(),
                                                 "a pure decode step's decoder stack, one call")
       .def(pybind11::init<std::vector<torch::Tensor>, torch::Tensor, std::vector<torch::Tensor>,
                           std::vector<torch::Tensor>, std::vector<bool>,
