@@ -154,6 +154,7 @@ async def test_held_kv_is_pulled_through_any_client(tmp_path: Path) -> None:
             await a.pull_kv("ctx")  # pulled once
         await b.prefill(req("other"))
         a.release_kv("other")
+        await asyncio.sleep(0.1)  # a's ReleaseKv and b's ExportKv come through different pipes
         with pytest.raises(InvalidRequestError, match="no KV held"):
             await b.pull_kv("other")
     finally:
