@@ -112,16 +112,13 @@ async def test_a_renewed_lease_outlives_the_hand_off_timeout(
     for _ in range(8):  # 1.6 s, three timeouts, renewed every 0.2 s
         await asyncio.sleep(0.2)
         prefill.renew_kv("x")
-    assert prefill.health().kv_usage > 0
+    # The KV is staged in the transfer arena (its blocks were freed at once, issue 41): held
+    # past three timeouts, it is still there to pull.
     prefill.renew_kv("unknown")  # a no-op, like a release of an unknown id
     blob = await prefill.pull_kv("x")
     assert len(blob) > 0
     await prefill.prefill(replace(req, request_id="y"))
-    for _ in range(40):
-        await asyncio.sleep(0.1)
-        if prefill.health().kv_usage == 0.0:
-            break
-    assert prefill.health().kv_usage == 0.0
+    await asyncio.sleep(2.5)  # unrenewed: past its 0.5 s lease and the core's 1 s expiry tick
     with pytest.raises(InvalidRequestError):
         await prefill.pull_kv("y")
 
