@@ -39,18 +39,9 @@ import httpx
 
 from bench.disagg_mix import MixClass, figures, run_mix
 from bench.serve import wait_ready
+from trtllm_gateway.engine.stats import OUTCOMES
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTCOMES = (
-    "remote",
-    "remote_retried",
-    "local_short",
-    "local_logprobs",
-    "local_busy",
-    "local_no_room",
-    "local_fallback",
-    "failed",
-)
 PRESETS: dict[str, dict[str, Any]] = {
     "gpu-8b": {
         "serve_args": "--model trtllm_gateway/config/models/llama-3.1-8b.json --load-format dummy "

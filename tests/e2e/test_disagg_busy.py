@@ -16,20 +16,11 @@ import pytest
 
 from tests.e2e.ops_client import INTERNAL_KEY
 from tests.e2e.server import Server
+from trtllm_gateway.engine.stats import OUTCOMES
 
 INTERNAL = ["--internal-api-key", INTERNAL_KEY]
 PROMPT_LEN = 256
 PROMPTS = 8
-OUTCOMES = (
-    "remote",
-    "remote_retried",
-    "local_short",
-    "local_logprobs",
-    "local_busy",
-    "local_no_room",
-    "local_fallback",
-    "failed",
-)
 
 
 @pytest.fixture(scope="module")
