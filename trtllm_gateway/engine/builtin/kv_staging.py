@@ -6,8 +6,10 @@
                   once per peer (open_ipc), so a hand-off carries an offset, never a handle
 
 gather() writes a sequence's prompt KV as [layers, 2, tokens, kv_heads, head_dim] into a region
-with one index_select per layer and K/V (no per-block Python); scatter() is its inverse with
-index_copy_. The CUDA-only part is DeviceArena and open_ipc; everything else runs on CPU tests.
+and scatter() is its inverse: on a GPU one Triton kernel for every layer (kernels/kv_blocks.py),
+on the CPU one numpy take / put per layer and K/V (no per-block Python). scatter_checked() is
+the decode side's: finite values only. The CUDA-only parts (DeviceArena, open_ipc, the kernel)
+run in tests/gpu; everything else runs on CPU tests.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def gather(caches: KvCaches, block_table: list[int], block_size: int, dst: torch
         gather(caches, block_table, block_size, staged)
         bytes_of(dst).copy_(bytes_of(staged), non_blocking=True)
         return
+    if dst.device.type == "cuda" and _one_launch(caches, block_table, block_size, dst, False):
+        return
     full, tail = divmod(tokens, block_size)
     last = block_table[full] * block_size if tail else 0
     if dst.device.type == "cpu":  # numpy: no thread-pool round per op (2-core figures: bench)
@@ -77,13 +81,16 @@ def gather(caches: KvCaches, block_table: list[int], block_size: int, dst: torch
         for j, src in enumerate(kv):
             rows = bytes_of(src).view(-1, block_size * src[0].numel())
             into = bytes_of(dst[layer, j])
-            torch.index_select(rows, 0, idx, out=into[: full * block_size].view(full, -1))
+            if full:
+                torch.index_select(rows, 0, idx, out=into[: full * block_size].view(full, -1))
             into[full * block_size :].copy_(bytes_of(src)[last : last + tail])
 
 
 def scatter(caches: KvCaches, block_table: list[int], block_size: int, src: torch.Tensor) -> None:
     """The reserved blocks <- src [layers, 2, tokens, heads, dim] (on the cache's device)."""
     tokens = src.shape[2]
+    if src.device.type == "cuda" and _one_launch(caches, block_table, block_size, src, True):
+        return
     full, tail = divmod(tokens, block_size)
     last = block_table[full] * block_size if tail else 0
     if src.device.type == "cpu":
@@ -99,8 +106,101 @@ def scatter(caches: KvCaches, block_table: list[int], block_size: int, src: torc
         for j, dst in enumerate(kv):
             into = bytes_of(dst).view(-1, block_size * dst[0].numel())
             part = bytes_of(src[layer, j])
-            into.index_copy_(0, idx, part[: full * block_size].view(full, -1))
+            if full:
+                into.index_copy_(0, idx, part[: full * block_size].view(full, -1))
             bytes_of(dst)[last : last + tail].copy_(part[full * block_size :])
+
+
+def pool_of(caches: KvCaches) -> torch.Tensor | None:
+    """The one [layers, 2, slots, heads, dim] tensor the caches are views of (the loader's),
+    or None when they are separate tensors."""
+    base = caches[0][0]
+    plane = base.numel() * base.element_size()
+    if (
+        base.untyped_storage().nbytes()
+        < base.storage_offset() * base.element_size() + 2 * len(caches) * plane
+    ):
+        return None  # separate tensors, however the allocator happened to place them
+    for i, kv in enumerate(caches):
+        for j, t in enumerate(kv):
+            at = base.data_ptr() + (2 * i + j) * plane
+            if t.data_ptr() != at or not t.is_contiguous() or t.shape != base.shape:
+                return None
+    pool = torch.empty(0, dtype=base.dtype, device=base.device)
+    shape = (len(caches), 2, *base.shape)
+    return pool.set_(base.untyped_storage(), base.storage_offset(), shape, _strides(shape))
+
+
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return tuple(reversed(out))
+
+
+def _one_launch(
+    caches: KvCaches, block_table: list[int], block_size: int, region: torch.Tensor, to_pool: bool
+) -> bool:
+    """A GPU pool's whole hand-off as one Triton kernel (kernels/kv_blocks.py); False when the
+    caches are not one pool or the row is not whole 32-bit words (the per-layer path then)."""
+    pool = pool_of(caches)
+    if pool is None or not _words(caches) or not region.is_contiguous():
+        return False
+    from trtllm_gateway.engine.builtin.kernels.kv_blocks import move  # imports Triton
+
+    move(
+        pool,
+        region,
+        _table(block_table, region.shape[2], block_size, region.device),
+        block_size,
+        to_pool,
+    )
+    return True
+
+
+def scatter_checked(
+    caches: KvCaches, block_table: list[int], block_size: int, src: torch.Tensor
+) -> bool:
+    """scatter() a sibling's KV (any device) if it is all finite; False, and the blocks
+    unwritten or zeroed, when it is not. The one copy across (peer GPU or host to this GPU)
+    comes first; then a GPU pool checks and scatters in one kernel, else all_finite and
+    scatter. (Triton refuses a peer GPU's IPC pointer: 'cannot be accessed from Triton', so
+    the region is not read in place.)"""
+    device = caches[0][0].device
+    if src.device != device:
+        src = src.to(device, non_blocking=True)
+    pool = pool_of(caches) if device.type == "cuda" else None
+    if pool is not None and _words(caches) and src.is_contiguous():
+        from trtllm_gateway.engine.builtin.kernels.kv_blocks import move  # imports Triton
+
+        bad = torch.zeros(1, dtype=torch.int32, device=device)
+        move(
+            pool, src, _table(block_table, src.shape[2], block_size, device), block_size, True, bad
+        )
+        if int(bad.item()) == 0:
+            return True
+        ids = torch.tensor(block_table, dtype=torch.long, device=device)
+        pool.view(*pool.shape[:2], -1, block_size, *pool.shape[3:]).view(torch.uint8)[:, :, ids] = (
+            0  # no NaN left in blocks a later sequence's masked slots would read
+        )
+        return False
+    if not all_finite(src):
+        return False
+    scatter(caches, block_table, block_size, src)
+    return True
+
+
+def _words(caches: KvCaches) -> bool:
+    """The cache's rows are whole 32-bit words (what the kernel moves)."""
+    return caches[0][0].shape[-1] * caches[0][0].element_size() % 4 == 0
+
+
+def _table(
+    block_table: list[int], tokens: int, block_size: int, device: torch.device
+) -> torch.Tensor:
+    blocks = -(-tokens // block_size)
+    return torch.tensor(block_table[:blocks], dtype=torch.int32).to(device, non_blocking=True)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

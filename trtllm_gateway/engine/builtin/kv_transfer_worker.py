@@ -3,8 +3,8 @@
     step thread                                 kv-transfer thread
     stage(id, blocks)  ── records an event ──▶  wait for it, gather the blocks into a region of
       (a context phase ended)                   the arena, sync ──▶ Staged(id, region)
-    load(id, reserved blocks, source) ───────▶  copy the source (a peer's region or a frame) onto
-      (a decode-side Add)                       this device, check it, scatter, sync ──▶ Loaded
+    load(id, reserved blocks, source) ───────▶  check and scatter the source (a peer GPU's region
+      (a decode-side Add)                       read in place, shm, or a frame), sync ──▶ Loaded
     done() ◀── each step, after the Wakeup ────
 
 The step thread only allocates a byte range, records an event and queues the job: it gathers
@@ -29,11 +29,10 @@ from trtllm_gateway.engine.builtin.kv_staging import (
     DeviceArena,
     HostArena,
     Sources,
-    all_finite,
     as_kv,
     dtype_of,
     gather,
-    scatter,
+    scatter_checked,
 )
 from trtllm_gateway.engine.disagg.kv_transport import KV_REFUSED
 from trtllm_gateway.engine.kv_region import KvRegion, KvRegionError
@@ -235,11 +234,8 @@ class KvTransferWorker:
         if raw.numel() != r.nbytes:
             raise KvRegionError(f"KV source holds {raw.numel()} bytes, {r.nbytes} due")
         kv = as_kv(raw, r.shape, dtype_of(r.dtype))
-        if kv.device != self.device:  # the one copy across: peer GPU or host to this GPU
-            kv = kv.to(self.device, non_blocking=True)
-        if not all_finite(kv):
+        if not scatter_checked(self.caches, job.block_table, self.block_size, kv):
             return Loaded(job.request_id, f"{KV_REFUSED}: NaN or infinite values")
-        scatter(self.caches, job.block_table, self.block_size, kv)
         self._sync()
         return Loaded(job.request_id)
 
