@@ -266,6 +266,9 @@ def test_sibling_killed_mid_run_requests_complete(prefill: Server, decode: Serve
         results = [f.result() for f in futures]
     assert [r.status_code for r in results] == [200] * len(payloads)
     assert all(r.json()["choices"][0]["message"]["content"] for r in results)
-    r = httpx.post(f"{decode.url}/v1/chat/completions", json=chat(PROMPTS[1]), timeout=60)
+    # The drained sibling served all of those; a prompt past --max-local-prefill-tokens now
+    # (not one the local prefix cache makes short) finds it gone and is prefilled here.
+    long = f"{PROMPTS[1]} " + " ".join(f"item{i}" for i in range(60))
+    r = httpx.post(f"{decode.url}/v1/chat/completions", json=chat(long), timeout=60)
     assert r.status_code == 200
     assert decode.metric("trtllm_gateway:remote_prefill_total", 'outcome="local_fallback"') >= 1
