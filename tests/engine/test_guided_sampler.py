@@ -83,7 +83,9 @@ def test_invalid_token_is_an_error_of_that_row_only(factory: GuidedFactory) -> N
     assert results[0].error is not None and "constraint" in results[0].error
     assert results[1].error is None
     assert tok.decode_str([results[1].token_id]) in ["n", "no", "y", "ye", "yes"]
-    assert results[2].error is not None and "logit_bias" in results[2].error
+    # An out-of-range logit_bias id is refused where requests enter (check_token_ids, 400);
+    # one that got past it still fails only its own row.
+    assert results[2].error is not None
     assert results[3].error is None and results[3].token_id == expected_plain
 
 
