@@ -7,6 +7,7 @@ messages encoded as between processes, so every engine test runs the production 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -107,6 +108,8 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
         assert h.running == 0 and h.waiting == 0, h
         assert h.kv_usage == 0.0 or config.engine.enable_prefix_caching, h
         await e.stop()
+    engines.clear()  # the stopped cores' models and KV go now (tests/conftest.py says why)
+    gc.collect()
 
 
 def loaded_model(engine: CoreClient) -> Any:

@@ -115,6 +115,7 @@ def create_lifespan(
                 loading.cancel()
                 await asyncio.gather(loading, return_exceptions=True)
                 await state.stop_engine()
+                metrics.unbind_engine()
                 for publisher in publishers:
                     publisher.close()
                 logger.info("engine stopped")

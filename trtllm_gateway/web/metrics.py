@@ -221,6 +221,13 @@ class GatewayMetrics:
         self._health = health
         self.model_name = model_name
 
+    def unbind_engine(self) -> None:
+        """The engine stopped: scrapes no longer read it, and nothing here keeps it (and its
+        model) alive. FastAPI caches the /metrics endpoint's function process-wide
+        (fastapi/dependencies/models.py, _is_async_gen_callable_cached), so an app's metrics
+        outlive it: each app of a test session kept its stopped engine, 2-3 GiB on CPU."""
+        self._health = None
+
     def bind_remote_prefill(self, stats: RemotePrefillStats) -> None:
         """Export a remote-prefill engine's counters (decode instances with --prefill-url)."""
         self._remote_prefill.bind(stats)
