@@ -37,14 +37,20 @@ _CORPUS = [
 
 # A started engine's core, its worker threads and their callbacks refer to each other, so a
 # stopped engine's model and KV (2-3 GiB on CPU) go only when the cyclic collector runs, and its
-# oldest generation runs rarely: in one CI run tests/engine's stopped engines piled up past
-# 18 GiB and the job was killed. Collect after any test that leaves the process this large.
-_COLLECT_ABOVE = 3 << 30
+# oldest generation runs rarely. Collect after a test that grew the process by 1 GiB since the
+# last collection (a full collection of this session's objects takes a second or more, so not
+# after every test).
+_GROWTH = 1 << 30
+_baseline = [0]
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    if psutil.Process().memory_info().rss > _COLLECT_ABOVE:
+    rss = psutil.Process().memory_info().rss
+    if rss > _baseline[0] + _GROWTH:
         gc.collect()
+        _baseline[0] = psutil.Process().memory_info().rss
+    elif rss < _baseline[0]:
+        _baseline[0] = rss
 
 
 def build_tokenizer_dir(path: Path) -> Path:

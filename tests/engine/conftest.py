@@ -7,7 +7,6 @@ messages encoded as between processes, so every engine test runs the production 
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -108,8 +107,7 @@ async def make_engine() -> AsyncIterator[EngineFactory]:
         assert h.running == 0 and h.waiting == 0, h
         assert h.kv_usage == 0.0 or config.engine.enable_prefix_caching, h
         await e.stop()
-    engines.clear()  # the stopped cores' models and KV go now (tests/conftest.py says why)
-    gc.collect()
+    engines.clear()  # nothing here keeps the stopped cores (tests/conftest.py collects them)
 
 
 def loaded_model(engine: CoreClient) -> Any:
