@@ -126,36 +126,28 @@ def pool_of(caches: KvCaches) -> torch.Tensor | None:
             at = base.data_ptr() + (2 * i + j) * plane
             if t.data_ptr() != at or not t.is_contiguous() or t.shape != base.shape:
                 return None
-    pool = torch.empty(0, dtype=base.dtype, device=base.device)
-    shape = (len(caches), 2, *base.shape)
-    return pool.set_(base.untyped_storage(), base.storage_offset(), shape, _strides(shape))
-
-
-def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, n = [], 1
-    for d in reversed(shape):
-        out.append(n)
-        n *= d
-    return tuple(reversed(out))
+    n = base.numel()
+    return base.as_strided((len(caches), 2, *base.shape), (2 * n, n, *base.stride()))
 
 
 def _one_launch(
-    caches: KvCaches, block_table: list[int], block_size: int, region: torch.Tensor, to_pool: bool
+    caches: KvCaches,
+    block_table: list[int],
+    block_size: int,
+    region: torch.Tensor,
+    to_pool: bool,
+    bad: torch.Tensor | None = None,
 ) -> bool:
-    """A GPU pool's whole hand-off as one Triton kernel (kernels/kv_blocks.py); False when the
-    caches are not one pool or the row is not whole 32-bit words (the per-layer path then)."""
+    """A GPU pool's whole hand-off as one Triton kernel (kernels/kv_blocks.py; with bad, the
+    NaN/infinity count of a scatter); False when the caches are not one pool or the row is not
+    whole 32-bit words (the per-layer path then)."""
     pool = pool_of(caches)
     if pool is None or not _words(caches) or not region.is_contiguous():
         return False
     from trtllm_gateway.engine.builtin.kernels.kv_blocks import move  # imports Triton
 
-    move(
-        pool,
-        region,
-        _table(block_table, region.shape[2], block_size, region.device),
-        block_size,
-        to_pool,
-    )
+    table = _table(block_table, region.shape[2], block_size, region.device)
+    move(pool, region, table, block_size, to_pool, bad)
     return True
 
 
@@ -170,20 +162,15 @@ def scatter_checked(
     device = caches[0][0].device
     if src.device != device:
         src = src.to(device, non_blocking=True)
-    pool = pool_of(caches) if device.type == "cuda" else None
-    if pool is not None and _words(caches) and src.is_contiguous():
-        from trtllm_gateway.engine.builtin.kernels.kv_blocks import move  # imports Triton
-
-        bad = torch.zeros(1, dtype=torch.int32, device=device)
-        move(
-            pool, src, _table(block_table, src.shape[2], block_size, device), block_size, True, bad
-        )
+    bad = torch.zeros(1, dtype=torch.int32, device=device) if device.type == "cuda" else None
+    if bad is not None and _one_launch(caches, block_table, block_size, src, True, bad):
         if int(bad.item()) == 0:
             return True
+        pool = pool_of(caches)
+        assert pool is not None
         ids = torch.tensor(block_table, dtype=torch.long, device=device)
-        pool.view(*pool.shape[:2], -1, block_size, *pool.shape[3:]).view(torch.uint8)[:, :, ids] = (
-            0  # no NaN left in blocks a later sequence's masked slots would read
-        )
+        blocks = pool.view(*pool.shape[:2], -1, block_size, *pool.shape[3:])
+        blocks.view(torch.uint8)[:, :, ids] = 0  # no NaN left for a later sequence's masked slots
         return False
     if not all_finite(src):
         return False
