@@ -1,7 +1,7 @@
 // The Python module that cpu_kernels/build.py compiles: block matmuls (float32 and int8
 // activations), decode attention, RMSNorm, RoPE with the KV store, SiLU-and-multiply, and a pure
 // decode step's whole decoder stack (DecodeStack).
-#include <torch/extension.h>
+#include <torch/python.h>  // the Tensor casters (<torch/extension.h> adds the C++ frontend)
 
 #include "block_gemm.h"
 #include "decode_attention.h"

@@ -23,7 +23,7 @@ constexpr int64_t QK = 32;  // weights per block, as in GGUF
 // and AVX2's 16 at 2 (4 rows spilled and measured slower, docs/benchmarks.md).
 constexpr int64_t ROWS = W == 16 ? 8 : 2;
 
-void check(const torch::Tensor& x, const torch::Tensor& qs, int64_t qs_cols) {
+void check(const at::Tensor& x, const at::Tensor& qs, int64_t qs_cols) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 matrix");
   TORCH_CHECK(x.size(1) % QK == 0 && qs.size(1) == qs_cols && qs.is_contiguous(),
@@ -162,9 +162,9 @@ void staged_mm(const float* xp, int64_t M, int64_t K, int64_t N, Widen widen_blo
 }
 
 template <class Widen>
-torch::Tensor block_mm(const torch::Tensor& x, int64_t N, Widen widen_block) {
+at::Tensor block_mm(const at::Tensor& x, int64_t N, Widen widen_block) {
   const int64_t M = x.size(0), K = x.size(1);
-  torch::Tensor y = torch::empty({M, N}, x.options());
+  at::Tensor y = at::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   if (W == 8 && M > 2) {
@@ -192,7 +192,7 @@ torch::Tensor block_mm(const torch::Tensor& x, int64_t N, Widen widen_block) {
 // float (d, m). w = d * q + m is exact in float32 (d * q needs at most 15 bits, so its one
 // rounding is the one the GGUF reader's dequantization does). Bytes h * W .. of a block widen to
 // weights h * W .. (low nibbles, j = 0) and 16 + h * W .. (high nibbles, j = 1).
-torch::Tensor q4_1_mm(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& dm) {
+at::Tensor q4_1_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm) {
   check(x, qs, x.size(1) / 2);
   const int64_t K = x.size(1), N = qs.size(0), B = K / QK;
   TORCH_CHECK(dm.is_contiguous() && dm.size(0) == N && dm.size(1) == B && dm.size(2) == 2);
@@ -207,7 +207,7 @@ torch::Tensor q4_1_mm(const torch::Tensor& x, const torch::Tensor& qs, const tor
 }
 
 // Q8_0: qs [N, K] int8; d [N, K/32] float. w = d * q, exact in float32 (at most 19 bits).
-torch::Tensor q8_0_mm(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d) {
+at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d) {
   check(x, qs, x.size(1));
   const int64_t K = x.size(1), N = qs.size(0), B = K / QK;
   TORCH_CHECK(d.is_contiguous() && d.size(0) == N && d.size(1) == B);

@@ -159,9 +159,9 @@ void attend(const Problem& p, int64_t D, std::vector<float>& scores) {
 }
 }  // namespace
 
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                               const torch::Tensor& v_cache, const torch::Tensor& tables,
-                               const torch::Tensor& lens, int64_t block_size, double scale) {
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                               const at::Tensor& v_cache, const at::Tensor& tables,
+                               const at::Tensor& lens, int64_t block_size, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous());
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
               v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes());
@@ -170,7 +170,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hk = k_cache.size(1);
   const int64_t nb = tables.size(1), G = Hq / Hk;
   TORCH_CHECK(D % 16 == 0 && Hq % Hk == 0 && k_cache.size(2) == D);
-  torch::Tensor out = torch::empty_like(q);
+  at::Tensor out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();

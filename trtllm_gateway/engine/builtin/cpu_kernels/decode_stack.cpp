@@ -24,7 +24,7 @@ namespace {
 
 // fn() on this thread alone when it is small (and torch has more than one), else as it is.
 template <class F>
-torch::Tensor sized(int64_t fmas, int64_t min_parallel, F&& fn) {
+at::Tensor sized(int64_t fmas, int64_t min_parallel, F&& fn) {
   const int n = at::get_num_threads();
   if (n == 1 || fmas >= min_parallel) return fn();
   struct Restore {
@@ -35,22 +35,22 @@ torch::Tensor sized(int64_t fmas, int64_t min_parallel, F&& fn) {
   return fn();
 }
 
-torch::Tensor project(const torch::Tensor& x, const PackedWeight& w, int64_t min_parallel) {
+at::Tensor project(const at::Tensor& x, const PackedWeight& w, int64_t min_parallel) {
   return sized(x.size(0) * w.fmas_per_row, min_parallel, [&] {
     return w.q4_1 ? q4_1_mm(x, w.qs, w.scales) : q8_0_mm(x, w.qs, w.scales);
   });
 }
 
-PackedWeight packed(const torch::Tensor& qs, const torch::Tensor& scales, bool q4_1) {
+PackedWeight packed(const at::Tensor& qs, const at::Tensor& scales, bool q4_1) {
   TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() && scales.is_contiguous());
   const int64_t in = q4_1 ? qs.size(1) * 2 : qs.size(1);
   return {qs, scales, q4_1, qs.size(0) * in};
 }
 }  // namespace
 
-DecodeStack::DecodeStack(std::vector<torch::Tensor> norms, torch::Tensor final_norm,
-                         std::vector<torch::Tensor> qs, std::vector<torch::Tensor> scales,
-                         std::vector<bool> q4_1, std::vector<torch::Tensor> caches, int64_t nq,
+DecodeStack::DecodeStack(std::vector<at::Tensor> norms, at::Tensor final_norm,
+                         std::vector<at::Tensor> qs, std::vector<at::Tensor> scales,
+                         std::vector<bool> q4_1, std::vector<at::Tensor> caches, int64_t nq,
                          int64_t nkv, double eps, double scale, int64_t block_size,
                          int64_t attn_fma_cost)
     : final_norm_(std::move(final_norm)),
@@ -66,7 +66,7 @@ DecodeStack::DecodeStack(std::vector<torch::Tensor> norms, torch::Tensor final_n
               "per layer: 2 norms, 4 projections, a K and a V cache");
   for (size_t i = 0; i < L; ++i) {
     const auto p = [&](size_t j) { return packed(qs[4 * i + j], scales[4 * i + j], q4_1[4 * i + j]); };
-    const torch::Tensor& k = caches[2 * i];
+    const at::Tensor& k = caches[2 * i];
     TORCH_CHECK(k.scalar_type() == at::kFloat && k.dim() == 3 && k.size(1) == nkv,
                 "a float32 [slots, kv heads, head dim] cache");
     layers_.push_back(
@@ -74,25 +74,25 @@ DecodeStack::DecodeStack(std::vector<torch::Tensor> norms, torch::Tensor final_n
   }
 }
 
-torch::Tensor DecodeStack::forward(torch::Tensor h, const torch::Tensor& cos,
-                                   const torch::Tensor& signed_sin, const torch::Tensor& slots,
-                                   const torch::Tensor& tables, const torch::Tensor& lens,
+at::Tensor DecodeStack::forward(at::Tensor h, const at::Tensor& cos,
+                                   const at::Tensor& signed_sin, const at::Tensor& slots,
+                                   const at::Tensor& tables, const at::Tensor& lens,
                                    int64_t decode_len, int64_t min_parallel_fmas) const {
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kFloat && h.is_contiguous());
   const int64_t T = h.size(0);
   for (const Layer& l : layers_) {
     const int64_t D = l.k_cache.size(2);
-    torch::Tensor x = rms_norm(h, l.in_norm, eps_);
-    const torch::Tensor qkv = project(x, l.qkv, min_parallel_fmas);
-    const torch::Tensor q =
+    at::Tensor x = rms_norm(h, l.in_norm, eps_);
+    const at::Tensor qkv = project(x, l.qkv, min_parallel_fmas);
+    const at::Tensor q =
         std::get<0>(rope_store(qkv, cos, signed_sin, l.k_cache, l.v_cache, slots, nq_, nkv_));
     const int64_t attn = attn_fma_cost_ * 2 * q.numel() * decode_len;
-    const torch::Tensor o = sized(attn, min_parallel_fmas, [&] {
+    const at::Tensor o = sized(attn, min_parallel_fmas, [&] {
       return decode_attention(q, l.k_cache, l.v_cache, tables, lens, block_size_, scale_);
     });
     h.add_(project(o.view({T, nq_ * D}), l.o, min_parallel_fmas));
     x = rms_norm(h, l.post_norm, eps_);
-    const torch::Tensor act = silu_mul(project(x, l.gate_up, min_parallel_fmas));
+    const at::Tensor act = silu_mul(project(x, l.gate_up, min_parallel_fmas));
     h.add_(project(act, l.down, min_parallel_fmas));
   }
   return rms_norm(h, final_norm_, eps_);

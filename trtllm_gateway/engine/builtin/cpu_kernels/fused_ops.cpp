@@ -38,12 +38,12 @@ __attribute__((optimize("fp-contract=off"))) void rotate_row(const float* x, con
 }
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> rope_store(const torch::Tensor& qkv,
-                                                    const torch::Tensor& cos,
-                                                    const torch::Tensor& signed_sin,
-                                                    const torch::Tensor& k_cache,
-                                                    const torch::Tensor& v_cache,
-                                                    const torch::Tensor& slots, int64_t nq,
+std::tuple<at::Tensor, at::Tensor> rope_store(const at::Tensor& qkv,
+                                                    const at::Tensor& cos,
+                                                    const at::Tensor& signed_sin,
+                                                    const at::Tensor& k_cache,
+                                                    const at::Tensor& v_cache,
+                                                    const at::Tensor& slots, int64_t nq,
                                                     int64_t nkv) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous());
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
@@ -54,8 +54,8 @@ std::tuple<torch::Tensor, torch::Tensor> rope_store(const torch::Tensor& qkv,
   TORCH_CHECK(cos.is_contiguous() && signed_sin.is_contiguous() && cos.numel() == T * D &&
               signed_sin.numel() == T * D && cos.scalar_type() == at::kFloat);
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == T);
-  torch::Tensor q = torch::empty({T, nq, D}, qkv.options());
-  torch::Tensor k = torch::empty({T, nkv, D}, qkv.options());
+  at::Tensor q = at::empty({T, nq, D}, qkv.options());
+  at::Tensor k = at::empty({T, nkv, D}, qkv.options());
   const float* xp = qkv.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = signed_sin.data_ptr<float>();
@@ -79,11 +79,11 @@ std::tuple<torch::Tensor, torch::Tensor> rope_store(const torch::Tensor& qkv,
   return {q, k};
 }
 
-torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+at::Tensor silu_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat &&
               gate_up.is_contiguous() && gate_up.size(1) % 2 == 0);
   const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
-  torch::Tensor out = torch::empty({T, I}, gate_up.options());
+  at::Tensor out = at::empty({T, I}, gate_up.options());
   const float* gp = gate_up.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) {

@@ -2,17 +2,17 @@
 // SiLU-and-multiply (fused_ops.cpp).
 #pragma once
 
-#include <torch/extension.h>
+#include "tensor.h"
 
 #include <tuple>
 
 namespace trtllm_gateway {
-std::tuple<torch::Tensor, torch::Tensor> rope_store(const torch::Tensor& qkv,
-                                                    const torch::Tensor& cos,
-                                                    const torch::Tensor& signed_sin,
-                                                    const torch::Tensor& k_cache,
-                                                    const torch::Tensor& v_cache,
-                                                    const torch::Tensor& slots, int64_t nq,
+std::tuple<at::Tensor, at::Tensor> rope_store(const at::Tensor& qkv,
+                                                    const at::Tensor& cos,
+                                                    const at::Tensor& signed_sin,
+                                                    const at::Tensor& k_cache,
+                                                    const at::Tensor& v_cache,
+                                                    const at::Tensor& slots, int64_t nq,
                                                     int64_t nkv);
-torch::Tensor silu_mul(const torch::Tensor& gate_up);
+at::Tensor silu_mul(const at::Tensor& gate_up);
 }  // namespace trtllm_gateway

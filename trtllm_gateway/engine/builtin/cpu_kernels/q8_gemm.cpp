@@ -319,13 +319,13 @@ std::string q8_path() {
 #endif
 }
 
-std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor> quantize_q8(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 matrix");
   const int64_t M = x.size(0), K = x.size(1), B = K / QK;
   TORCH_CHECK(K % QK == 0, "x's width must be whole 32-value blocks");
-  torch::Tensor qx = torch::empty({M, K}, x.options().dtype(at::kChar));
-  torch::Tensor xs = torch::empty({M, B, 2}, x.options());
+  at::Tensor qx = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({M, B, 2}, x.options());
   const float* xp = x.data_ptr<float>();
   int8_t* qp = qx.data_ptr<int8_t>();
   float* sp = xs.data_ptr<float>();
@@ -335,8 +335,8 @@ std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& x) {
   return {qx, xs};
 }
 
-torch::Tensor q8_mm(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& w,
-                    const torch::Tensor& sc, bool nibbles, bool portable) {
+at::Tensor q8_mm(const at::Tensor& qx, const at::Tensor& xs, const at::Tensor& w,
+                    const at::Tensor& sc, bool nibbles, bool portable) {
   TORCH_CHECK(qx.dim() == 2 && qx.scalar_type() == at::kChar && qx.is_contiguous());
   const int64_t M = qx.size(0), K = qx.size(1), B = K / QK;
   TORCH_CHECK(xs.is_contiguous() && xs.size(0) == M && xs.size(1) == B && xs.size(2) == 2);
@@ -344,7 +344,7 @@ torch::Tensor q8_mm(const torch::Tensor& qx, const torch::Tensor& xs, const torc
               w.size(1) == B && w.size(2) == (nibbles ? 256 : 512), "weights do not match x");
   const int64_t N = w.size(0) * LANES;
   TORCH_CHECK(sc.is_contiguous() && sc.numel() == (N / LANES) * B * 2 * LANES);
-  torch::Tensor y = torch::empty({M, N}, xs.options());
+  at::Tensor y = at::empty({M, N}, xs.options());
   const int8_t* qp = qx.data_ptr<int8_t>();
   const float* xsp = xs.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();

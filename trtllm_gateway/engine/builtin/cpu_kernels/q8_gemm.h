@@ -2,7 +2,7 @@
 // integer dot products against GGUF's Q4_1 / Q8_0 weight blocks: q8_gemm.cpp.
 #pragma once
 
-#include <torch/extension.h>
+#include "tensor.h"
 
 #include <string>
 #include <tuple>
@@ -10,7 +10,7 @@
 namespace trtllm_gateway {
 bool q8_native();
 std::string q8_path();  // "avx512-vnni", "avx-vnni", "avx2" or "portable"
-std::tuple<torch::Tensor, torch::Tensor> quantize_q8(const torch::Tensor& x);
-torch::Tensor q8_mm(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& w,
-                    const torch::Tensor& sc, bool nibbles, bool portable);
+std::tuple<at::Tensor, at::Tensor> quantize_q8(const at::Tensor& x);
+at::Tensor q8_mm(const at::Tensor& qx, const at::Tensor& xs, const at::Tensor& w,
+                    const at::Tensor& sc, bool nibbles, bool portable);
 }  // namespace trtllm_gateway

@@ -11,13 +11,13 @@
 
 namespace trtllm_gateway {
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 matrix");
   const int64_t T = x.size(0), C = x.size(1);
   TORCH_CHECK(C % 16 == 0 && weight.numel() == C && weight.scalar_type() == at::kFloat &&
               weight.is_contiguous());
-  torch::Tensor y = torch::empty_like(x);
+  at::Tensor y = at::empty_like(x);
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* yp = y.data_ptr<float>();

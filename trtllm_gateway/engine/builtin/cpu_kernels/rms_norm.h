@@ -1,8 +1,8 @@
 // RMSNorm of float32 rows in one pass per row: rms_norm.cpp.
 #pragma once
 
-#include <torch/extension.h>
+#include "tensor.h"
 
 namespace trtllm_gateway {
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 }  // namespace trtllm_gateway
