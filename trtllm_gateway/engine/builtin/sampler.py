@@ -199,7 +199,7 @@ class Sampler:
             token_ids = _draw_on_device(logits, seqs, failed)
             host = torch.empty(len(seqs), dtype=torch.int64, pin_memory=True)
             host.copy_(token_ids, non_blocking=True)
-            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready = torch.cuda.Event(blocking=BLOCKING_WAIT)  # type: ignore[no-untyped-call]
             ready.record()
             return PendingSample(token_ids, host, ready, raw_lp, ks, failed, internal)
         token_ids = _draw_on_host(logits, seqs, failed)
@@ -266,6 +266,11 @@ def _needs_processing(seq: Sequence) -> bool:
     )
 
 
+# resolve() waits on a blocking-sync event (cudaEventBlockingSync): the core's thread sleeps until
+# the step's ids are copied instead of spinning a CPU core in cudaEventSynchronize, which had the
+# core process at 100% of a core whatever its host work was (issue 39, item 2). bench.offline
+# --spin-wait sets it False for the A/B.
+BLOCKING_WAIT = True
 SAMPLING_EPS = 1e-5  # temperatures below this sample greedily, as in vLLM
 
 
