@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +23,12 @@ def serving(cfg: EngineConfig, common: tuple[str, ...], log_dir: Path) -> Iterat
         if cfg.kind == "aggregated":
             started.append(Instance(cfg.name, [*common, *cfg.serve_args], "", log_dir).ready())
         else:
-            prefill = ["--mode", "prefill", *common, *cfg.prefill_args]
+            # Siblings present a shared internal key: without one the prefill side's internal
+            # endpoints answer 403 and every prompt is prefilled on the decode side.
+            key = ["--internal-api-key", secrets.token_hex(16)]
+            prefill = ["--mode", "prefill", *common, *key, *cfg.prefill_args]
             started.append(Instance(f"{cfg.name}-prefill", prefill, "", log_dir).ready())
-            decode = ["--mode", "decode", "--prefill-url", started[0].url, *common]
+            decode = ["--mode", "decode", "--prefill-url", started[0].url, *common, *key]
             decode += cfg.decode_args
             started.append(Instance(f"{cfg.name}-decode", decode, "", log_dir).ready())
         yield started[-1].url

@@ -146,3 +146,38 @@ def test_cli_bench_sweep_from_the_console_script() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "--grid" in out.stdout and "--loadgen" in out.stdout
+
+
+def test_a_disaggregated_config_gives_both_siblings_one_internal_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a shared --internal-api-key the prefill sibling's endpoints answer 403 and the
+    decode instance prefills every prompt itself: the sweep would measure aggregated serving."""
+    from bench import sweep_servers
+
+    started: list[list[str]] = []
+
+    class Recorded:
+        def __init__(self, name: str, args: list[str], gpu: str, log_dir: Path) -> None:
+            started.append(args)
+            self.url = f"http://127.0.0.1:{9000 + len(started)}"
+
+        def ready(self) -> Recorded:
+            return self
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(sweep_servers, "Instance", Recorded)
+    grid = parse_grid(
+        {
+            "name": "g",
+            "concurrency": [1],
+            "isl_osl": [[16, 4]],
+            "configs": [{"name": "pd", "prefill_args": [], "decode_args": []}],
+        }
+    )
+    with sweep_servers.serving(grid.configs[0], ("--device", "cpu"), tmp_path):
+        pass
+    keys = [a[a.index("--internal-api-key") + 1] for a in started]
+    assert len(keys) == 2 and keys[0] == keys[1] and len(keys[0]) >= 16
