@@ -250,10 +250,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for conc in args.concurrency if args.num_prompts else []:
             prompts = random_prompts(args.num_prompts, args.input_len, vocab, args.seed)
             c = conc or args.num_prompts
-            cpu0 = _thread_cpu_s(_core_tid())
+            tid = _core_tid()
+            cpu0 = _thread_cpu_s(tid)
             r = await run_load(engine, prompts, args.output_len, c, args.temperature)
             # The core thread's share of one CPU over the run (issue 39: below ~70% at 256).
-            r["core_thread_cpu_pct"] = (_thread_cpu_s(_core_tid()) - cpu0) / r["duration_s"] * 100
+            r["core_thread_cpu_pct"] = (_thread_cpu_s(tid) - cpu0) / r["duration_s"] * 100
             r["input_len"], r["output_len"] = args.input_len, args.output_len
             runs.append(r)
             print(json.dumps({"run": r}), flush=True)
