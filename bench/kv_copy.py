@@ -6,10 +6,11 @@
 
 Two processes, as a prefill and a decode core are: the exporter's KvTransferWorker gathers the
 prompt's blocks (a shuffled block table) into its arena; the importer's worker copies the
-region into its own reserved blocks (shm, cuda_ipc), or the importer pulls protocol v2's HTTP
-stream over loopback (uvicorn serving kv_stream.frames, httpx reading it into KvStreamReader)
-and its worker scatters the frame. The stage is timed from the exporter's stage() to the
-importer's Loaded; the KV is random values in the model's cache shape and dtype (weights play
+region into its own reserved blocks (shm, cuda_ipc). For http the importer does what the decode
+side's API server and core do: KvPull reads protocol v2's stream over loopback (uvicorn serving
+kv_stream.frames) into a receive arena, and the worker copies the region from there. The stage
+is timed from the exporter's stage() to the importer's Loaded; the KV is random values in the
+model's cache shape and dtype (weights play
 no part in the copy). Printed beside it, measured in the same run: shared-memory memcpy, loopback
 TCP in one Python stream, and on GPUs the peer copy and pinned D2H / H2D. Also the step thread's
 time per hand-off (stage() and load(): the issue's < 0.1 ms target). One JSON line at the end.
@@ -18,7 +19,6 @@ time per hand-off (stage() and load(): the issue's < 0.1 ms target). One JSON li
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -130,47 +130,52 @@ def _serve_http(w: Any, regions: dict[str, Any], port: int) -> Any:
 
 def importer(conn: Connection, out: Connection, args: argparse.Namespace, port: int) -> None:
     """The decode side: copy each region into blocks reserved for it; report the times."""
-    import httpx
     import msgspec as ms
 
     from trtllm_gateway.engine.disagg import kv_stream
+    from trtllm_gateway.engine.disagg.kv_receive import KvReceiveArena
     from trtllm_gateway.engine.kv_region import KvRegion
 
     w, done = _worker(args.model_shape, args.tokens, args.decode_device, False, 1 << 20)
+    receive = KvReceiveArena(_layout(args.model_shape), args.tokens)
     blocks = args.tokens // BS + 1
     results: dict[str, list[float]] = {}
-    client = httpx.AsyncClient(timeout=120)
-    loop = asyncio.new_event_loop()
     for transport in args.transports:
         for i in range(args.reps + 1):
             conn.send((transport, f"{transport}-{i}"))
             raw, t_stage = conn.recv()
             region = ms.json.decode(raw, type=KvRegion)
             t0 = time.perf_counter()
-            payload = None
-            if transport == "http":
+            if transport == "http":  # as an API server: into its receive arena, then the core
                 url = f"http://127.0.0.1:{port}/internal/v2/kv/{transport}-{i}"
-                region, payload = loop.run_until_complete(_pull(client, url, kv_stream))
-            w.load(f"r{i}", region, payload, list(range(blocks)))
+                region = _pull(kv_stream, receive, url, f"r{i}")
+            w.load(f"r{i}", region, None, list(range(blocks)))
             loaded = _wait(w, done)
+            receive.free(f"r{i}")
             assert not loaded.error, loaded.error
             if i:  # the first is a warm-up (arena pages, IPC open, connection)
                 results.setdefault(transport, []).append(t_stage + time.perf_counter() - t0)
             conn.send("copied")
     conn.send(None)
     exp_handoff = conn.recv()
-    loop.run_until_complete(client.aclose())
+    receive.close()
     imp_handoff = statistics.median(w.handoff_s) if w.handoff_s else 0.0
     out.send((results, exp_handoff, imp_handoff))
     w.close()
 
 
-async def _pull(client: Any, url: str, kv_stream: Any) -> Any:
-    reader = kv_stream.KvStreamReader(lambda r: None)
-    async with client.stream("GET", url) as res:
-        async for chunk in res.aiter_raw():
-            await reader.feed(chunk)
-    return await reader.finish()
+def _pull(kv_stream: Any, receive: Any, url: str, rid: str) -> Any:
+    """remote_prefill's HTTP path: KvPull reads the stream into the receive arena."""
+    placed: list[Any] = []
+
+    def place(region: Any) -> memoryview:
+        spot = receive.place(rid, region)
+        assert spot is not None, "the receive arena has no room"
+        placed.append(spot[1])
+        return spot[0]
+
+    kv_stream.KvPull(url, {}, None, 120.0).run(lambda r: None, place)
+    return placed[0]
 
 
 def raw_bandwidths(nbytes: int, args: argparse.Namespace) -> dict[str, float]:

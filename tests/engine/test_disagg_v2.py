@@ -7,12 +7,14 @@ against the decode engine's aggregated greedy tokens. Real processes: tests/e2e/
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from asgi_lifespan import LifespanManager
 from pydantic import SecretStr
 
@@ -56,25 +58,54 @@ async def test_v2_transports_equal_aggregated(
 ) -> None:
     if got == "v1":  # a sibling from before version 2: its /info announces only version 1
         monkeypatch.setattr(wire, "PROTOCOL_VERSIONS", (1,))
+    url, transport, served = "http://prefill", httpx.ASGITransport(app=prefill_app), None
+    if want == "http":  # the KV stream is read with http.client off the loop: a real socket
+        served = await _serve(prefill_app)
+        url, transport = served[0], None
     inner = core_client(builtin_config(mode="decode", **FIELDS), in_thread=True)
     disagg = gateway(
         mode="decode",
-        prefill_url=["http://prefill"],
+        prefill_url=[url],
         internal_api_key=KEY,
         max_local_prefill_tokens=0,
         kv_transport=want,
     ).disagg
     stats = RemotePrefillStats()
-    transport = httpx.ASGITransport(app=prefill_app)
     engine = RemotePrefillEngine(inner, disagg, stats, transport=transport)
     await engine.start()  # starts the decode core, checks the sibling and picks a transport
     try:
-        assert engine._transports["http://prefill"] == got
+        assert engine._transports[url] == got
+        landed: list[str] = []
+        place = engine._receive.place
+
+        def spy(rid: str, region: Any) -> Any:
+            spot = place(rid, region)
+            landed.append(rid if spot is not None else "")
+            return spot
+
+        engine._receive.place = spy  # type: ignore[method-assign]
         for i, ids in enumerate(chat_prompts[:2]):
             req = GenerateRequest(f"v{i}", tuple(ids), greedy(16, logprobs=1))
             expected = await collect(inner, replace(req, request_id=f"agg{i}"))
             events = [ev async for ev in engine.generate(replace(req, request_id=f"r{i}"))]
             assert _tokens(events) == _tokens(expected)
         assert stats.outcomes["remote"] == 2 and stats.kv_bytes > 0, stats
+        if want == "http":  # the stream landed in the receive arena, and each region is freed
+            assert landed == ["r0", "r1"]
+            arena = engine._receive._arena
+            assert arena is not None and arena.alloc.owners() == []
     finally:
         await engine.stop()
+        if served is not None:
+            served[1].should_exit = True
+            await served[2]
+
+
+async def _serve(app: Any) -> tuple[str, Any, asyncio.Task[None]]:
+    """app (its lifespan already running) on a loopback port, in this event loop."""
+    server = uvicorn.Server(uvicorn.Config(app, port=0, lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 (uvicorn offers no event to wait on)
+        await asyncio.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return f"http://127.0.0.1:{port}", server, task

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -29,31 +28,54 @@ async def frames(r: KvRegion, data: bytes) -> list[bytes]:
     return [bytes(f) async for f in kv_stream.frames(r, memoryview(data))]
 
 
-async def chunks(parts: list[bytes], size: int = 7) -> AsyncIterator[bytes]:
-    blob = b"".join(parts)
-    for i in range(0, len(blob), size):  # cut anywhere: header, payload and digest split
-        yield blob[i : i + size]
+class Chunked:
+    """A stream that hands out at most `size` bytes a read: header, payload and digest split
+    anywhere, as a socket may."""
+
+    def __init__(self, parts: list[bytes], size: int = 7) -> None:
+        self.blob, self.at, self.size = b"".join(parts), 0, size
+
+    def readinto(self, b: memoryview, /) -> int:
+        n = min(len(b), self.size, len(self.blob) - self.at)
+        b[:n] = self.blob[self.at : self.at + n]
+        self.at += n
+        return n
 
 
 def check(r: KvRegion) -> None:
     kv_check.check_region(r, LAYOUT, TOKENS)
 
 
+def read(parts: list[bytes], size: int = 7) -> tuple[KvRegion, bytearray]:
+    out = bytearray()
+
+    def place(r: KvRegion) -> memoryview:
+        out.extend(bytes(r.nbytes))
+        return memoryview(out)
+
+    return kv_stream.read(Chunked(parts, size), check, place), out
+
+
 async def test_frames_round_trip_through_any_chunking() -> None:
     data = os.urandom(region().nbytes)
     parts = await frames(region(), data)
     assert sum(map(len, parts)) == kv_stream.stream_bytes(region())
-    got, payload = await kv_stream.read(chunks(parts), check)
+    got, payload = read(parts)
     assert bytes(payload) == data and got.transport == "frame" and got.arena == ""
 
 
 async def test_a_header_of_another_shape_is_refused_before_the_payload() -> None:
     bad = region(TOKENS + 8)
     parts = await frames(bad, bytes(bad.nbytes))
-    reader = kv_stream.KvStreamReader(check)
+    placed: list[KvRegion] = []
+
+    def place(r: KvRegion) -> memoryview:
+        placed.append(r)
+        return memoryview(bytearray(r.nbytes))
+
     with pytest.raises(KvWireError, match="the prompt needs"):
-        await reader.feed(parts[0])
-    assert reader.data is None  # nothing allocated for it
+        kv_stream.read(Chunked(parts), check, place)
+    assert placed == []  # nothing allocated for it
 
 
 @pytest.mark.parametrize("fault", ["truncated", "corrupt", "trailing", "no-digest"])
@@ -68,9 +90,21 @@ async def test_a_damaged_stream_is_refused(fault: str) -> None:
         "no-digest": [head, body],
     }[fault]
     with pytest.raises(KvWireError):
-        await kv_stream.read(chunks(parts, 1 << 12), check)
+        read(parts, 1 << 12)
 
 
-async def test_an_oversized_header_is_refused() -> None:
+def test_an_oversized_header_is_refused() -> None:
     with pytest.raises(KvWireError, match="header"):
-        await kv_stream.read(chunks([struct.pack("<I", 1 << 30), b"{}"]), check)
+        read([struct.pack("<I", 1 << 30), b"{}"])
+
+
+async def test_a_payload_of_many_chunks_is_hashed_as_it_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kv_stream, "CHUNK", 96)  # the hash runs behind the reads, chunk by chunk
+    data = os.urandom(region().nbytes)
+    head, *payload, digest = await frames(region(), data)
+    _, out = read([head, *payload, digest], 50)
+    assert bytes(out) == data
+    with pytest.raises(KvWireError, match="checksum"):
+        read([head, bytes(b ^ 0xFF for b in b"".join(payload)), digest], 50)

@@ -12,7 +12,12 @@ API server streams the host arena's bytes from here (routers/internal/disagg.py)
 
 from __future__ import annotations
 
+import _posixshmem  # type: ignore[import-not-found]
+import contextlib
+import logging
+import os
 import re
+import secrets
 import threading
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
@@ -20,9 +25,12 @@ from multiprocessing.shared_memory import SharedMemory
 
 import msgspec
 
+logger = logging.getLogger(__name__)
+
 ARENA_PREFIX = "tgkv_"  # a sibling may name only segments of ours
 _ARENA_NAME = re.compile(r"^/?tgkv_[0-9a-f_]{1,64}$")
 ALIGN = 4096
+SHM_DIR = "/dev/shm"
 PROBE_BYTES = 64  # an arena's first bytes: its token, so a reader proves it shares /dev/shm
 
 
@@ -175,3 +183,46 @@ class HostArenas:
             return b""
         assert buf is not None
         return bytes(buf[:PROBE_BYTES]).rstrip(b"\0")
+
+
+class ShmArena:
+    """A shared-memory segment (tgkv_*) this process creates, fills and unlinks at close: a
+    prefill core's staging arena (engine/builtin/kv_staging.py, HostArena), or an API server's
+    receive arena for the HTTP path's stream (a region its core then copies like a sibling's)."""
+
+    def __init__(self, size: int) -> None:
+        self.name = f"{ARENA_PREFIX}{os.getpid():x}_{secrets.token_hex(4)}"
+        # Untracked: a reader in this very process (a core in a thread of the API server) would
+        # drop the tracker's entry, and the tracker would fail on ours; close() unlinks it.
+        self.shm = untracked(SharedMemory(name=self.name, create=True, size=size))
+        buf = self.shm.buf
+        assert buf is not None
+        self.buf: memoryview = buf
+        self.token = secrets.token_hex(16).encode()
+        buf[: len(self.token)] = self.token
+        self.alloc = RegionAllocator(size, start=PROBE_BYTES)
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        return self.buf[offset : offset + nbytes]
+
+    def close(self) -> None:
+        del self.buf
+        try:
+            self.shm.close()
+        except BufferError:  # a region view is still alive: the unlink below still frees it
+            logger.debug("KV arena %s closed with views alive", self.name)
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink(self.shm._name)  # type: ignore[attr-defined]
+
+
+def arena_bytes(staging_mb: int, token_bytes: int, max_model_len: int) -> int:
+    """--kv-staging-mb, or twice max_model_len tokens of KV within half of /dev/shm's room."""
+    if staging_mb > 0:
+        return staging_mb << 20
+    want = 2 * max_model_len * token_bytes
+    try:
+        st = os.statvfs(SHM_DIR)
+        want = min(want, st.f_bavail * st.f_frsize // 2)
+    except OSError:
+        pass
+    return max(want, 1 << 20)

@@ -11,7 +11,6 @@ The copies run on KvTransferWorker's thread; here is only bookkeeping (dicts and
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,15 +23,13 @@ from trtllm_gateway.engine.builtin.outcomes import Emitted
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
 from trtllm_gateway.engine.builtin.sequence_builder import region_of_blob
 from trtllm_gateway.engine.builtin.stepper import Stepper
-from trtllm_gateway.engine.kv_region import KvRegion
+from trtllm_gateway.engine.kv_region import KvRegion, arena_bytes
 from trtllm_gateway.engine.protocol import (
     InvalidRequestError,
     OverloadedError,
     RequestFailedError,
     TokenEvent,
 )
-
-SHM_DIR = "/dev/shm"
 
 
 @dataclass(slots=True)
@@ -223,16 +220,3 @@ class KvHandoffs:
 def _token_bytes(caches: KvCaches) -> int:
     k = caches[0][0]
     return 2 * len(caches) * k[0].numel() * k.element_size()
-
-
-def arena_bytes(staging_mb: int, token_bytes: int, max_model_len: int) -> int:
-    """--kv-staging-mb, or twice max_model_len tokens of KV within half of /dev/shm's room."""
-    if staging_mb > 0:
-        return staging_mb << 20
-    want = 2 * max_model_len * token_bytes
-    try:
-        st = os.statvfs(SHM_DIR)
-        want = min(want, st.f_bavail * st.f_frsize // 2)
-    except OSError:
-        pass
-    return max(want, 1 << 20)

@@ -14,27 +14,20 @@ run in tests/gpu; everything else runs on CPU tests.
 
 from __future__ import annotations
 
-import _posixshmem  # type: ignore[import-not-found]
-import contextlib
 import logging
-import os
-import secrets
 import threading
-from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.backend import KvCaches
 from trtllm_gateway.engine.kv_region import (
-    ARENA_PREFIX,
-    PROBE_BYTES,
     CudaIpcHandle,
     HostArenas,
     KvRegion,
     KvRegionError,
     RegionAllocator,
-    untracked,
+    ShmArena,
 )
 
 logger = logging.getLogger(__name__)
@@ -201,12 +194,15 @@ def _np_rows(cache: torch.Tensor, block_size: int) -> np.ndarray:
 
 
 def all_finite(kv: torch.Tensor) -> bool:
-    """No NaN or infinity (a sibling's KV must not reach the prefix cache: issue 40). One pass:
-    a NaN or an infinity makes the float32 sum one (so would an overflow of the sum, far past
-    any KV's values: then the KV is refused and the prompt prefilled locally, still correct)."""
+    """No NaN or infinity (a sibling's KV must not reach the prefix cache: issue 40). One pass
+    of torch.aminmax: NaN propagates to both ends, +inf is the max, -inf the min (a float32 sum
+    of a bf16 tensor took 18x longer on CPU: 211 vs 12 ms for an 8B prompt's 256 MiB)."""
     if kv.dtype == torch.float8_e4m3fn:  # no infinity; NaN is S.1111.111
         return not bool(((kv.view(torch.uint8) & 0x7F) == 0x7F).any())
-    return bool(torch.isfinite(kv.sum(dtype=torch.float32)))
+    if kv.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(kv)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -222,16 +218,9 @@ class HostArena:
     transport = "shm"
 
     def __init__(self, size: int, pin: bool) -> None:
-        self.name = f"{ARENA_PREFIX}{os.getpid():x}_{secrets.token_hex(4)}"
-        # Untracked: a reader in this very process (a core in a thread of the API server) would
-        # drop the tracker's entry, and the tracker would fail on ours; close() unlinks it.
-        self.shm = untracked(SharedMemory(name=self.name, create=True, size=size))
-        buf = self.shm.buf
-        assert buf is not None
-        self.token = secrets.token_hex(16).encode()
-        buf[: len(self.token)] = self.token
-        self.bytes = torch.frombuffer(buf, dtype=torch.uint8)
-        self.alloc = RegionAllocator(size, start=PROBE_BYTES)
+        self.shm = ShmArena(size)
+        self.name, self.token, self.alloc = self.shm.name, self.shm.token, self.shm.alloc
+        self.bytes = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
         self.pinned = pin and _pin(self.bytes)
 
     def region(self, offset: int, nbytes: int) -> torch.Tensor:
@@ -250,12 +239,7 @@ class HostArena:
             cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
             cudart.cudaHostUnregister(self.bytes.data_ptr())
         del self.bytes
-        try:
-            self.shm.close()
-        except BufferError:  # a region view is still alive: the unlink below still frees it
-            logger.debug("KV arena %s closed with views alive", self.name)
-        with contextlib.suppress(FileNotFoundError):
-            _posixshmem.shm_unlink(self.shm._name)  # type: ignore[attr-defined]
+        self.shm.close()
 
 
 class DeviceArena:
@@ -284,17 +268,25 @@ class DeviceArena:
 
 
 class Sources:
-    """Regions of other cores' arenas, opened once each (the decode side's copy source)."""
+    """Regions of other processes' arenas, opened once each (the decode side's copy source).
+    pin: a CUDA core page-locks each host arena once (cudaHostRegister) so its copies up are
+    pinned: a sibling's shm arena, or its own API server's receive arena (the HTTP path)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pin: bool = False) -> None:
         self.host = HostArenas()
+        self.pin = pin
         self._ipc: dict[str, torch.Tensor] = {}
+        self._pinned: dict[str, torch.Tensor | None] = {}  # host arenas page-locked, by name
         self._lock = threading.Lock()
 
     def tensor(self, region: KvRegion) -> torch.Tensor:
         """The region's bytes in place (shared memory, or the peer GPU's arena)."""
         if region.transport == "shm":
-            return torch.frombuffer(self.host.view(region), dtype=torch.uint8)
+            view = self.host.view(region)  # checks the name and the range
+            whole = self._pin(region.arena) if self.pin else None
+            if whole is None:
+                return torch.frombuffer(view, dtype=torch.uint8)
+            return whole[region.offset : region.offset + region.nbytes]
         if region.transport == "cuda_ipc" and region.ipc is not None:
             with self._lock:
                 arena = self._ipc.get(region.ipc.handle)
@@ -305,6 +297,23 @@ class Sources:
                 raise KvRegionError(f"KV region [{region.offset}, {end}) is outside the arena")
             return arena[region.offset : end]
         raise KvRegionError(f"unknown KV transport {region.transport!r}")
+
+    def _pin(self, name: str) -> torch.Tensor | None:
+        with self._lock:
+            if name not in self._pinned:
+                buf = self.host.segment(name).buf
+                assert buf is not None
+                whole = torch.frombuffer(buf, dtype=torch.uint8)
+                self._pinned[name] = whole if _pin(whole) else None
+            return self._pinned[name]
+
+    def close(self) -> None:
+        with self._lock:
+            for whole in self._pinned.values():
+                if whole is not None:
+                    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+                    cudart.cudaHostUnregister(whole.data_ptr())
+            self._pinned.clear()
 
 
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:

@@ -34,7 +34,7 @@ from trtllm_gateway.engine.builtin.kv_staging import (
     gather,
     scatter_checked,
 )
-from trtllm_gateway.engine.disagg.kv_transport import KV_REFUSED
+from trtllm_gateway.engine.disagg.kv_transport import KV_COPY_FAILED, KV_REFUSED
 from trtllm_gateway.engine.kv_region import KvRegion, KvRegionError
 
 logger = logging.getLogger(__name__)
@@ -92,13 +92,13 @@ class KvTransferWorker:
         self.arena_bytes = arena_bytes
         self.lease_s = lease_s
         self.cache_dtype = caches[0][0].dtype
-        self.sources = Sources()
         self._host: HostArena | None = None
         self._gpu: DeviceArena | None = None
         self._wake = wake
         self._jobs: queue.SimpleQueue[_Stage | _Load | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[Staged | Loaded] = queue.SimpleQueue()
         self._cuda = device.type == "cuda"
+        self.sources = Sources(pin=self._cuda)
         self._stream = torch.cuda.Stream(device) if self._cuda else None  # type: ignore[no-untyped-call]
         self.handoff_s: list[float] = []  # step-thread seconds per stage()/load() call
         self._thread = threading.Thread(target=self._run, name="kv-transfer", daemon=True)
@@ -167,6 +167,7 @@ class KvTransferWorker:
         for arena in self._arenas():
             arena.close()
         self._host = self._gpu = None
+        self.sources.close()
 
     def host_arena(self) -> HostArena | None:
         """The shared-memory arena, made now (a prefill instance announces it), or None when
@@ -207,7 +208,7 @@ class KvTransferWorker:
                     result = self._do(job)
             except Exception as e:  # a copy that failed fails its request, not the core
                 logger.exception("KV transfer of %s failed", job.request_id)
-                why = f"the copy failed: {type(e).__name__}: {e}"
+                why = f"{KV_COPY_FAILED}: {type(e).__name__}: {e}"
                 result = (
                     Staged(job.request_id, None, f"KV staging failed: {why}")
                     if isinstance(job, _Stage)

@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 # How the core's refusals of a sibling's KV begin (engine/builtin/sequence_builder.py, the transfer
 # worker): the decode side prefills such a prompt locally.
 KV_REFUSED = "remote prefill KV refused"
+KV_COPY_FAILED = "the copy failed"  # after KV_REFUSED: the source could not be read
 
 
 def choose_transport(want: str, info: SiblingInfo, ours: EngineInfo, arenas: HostArenas) -> str:

@@ -36,11 +36,12 @@ from trtllm_gateway.engine.capabilities import EngineExtras, KvHandoff
 from trtllm_gateway.engine.disagg import kv_check, kv_stream, kv_wire
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
+from trtllm_gateway.engine.disagg.kv_receive import KvReceiveArena
 from trtllm_gateway.engine.disagg.kv_room import KvRoom, Reservation, block_size_of
-from trtllm_gateway.engine.disagg.kv_transport import KV_REFUSED, choose_transport
+from trtllm_gateway.engine.disagg.kv_transport import KV_COPY_FAILED, KV_REFUSED, choose_transport
 from trtllm_gateway.engine.disagg.prefill_policy import BusyPolicy
 from trtllm_gateway.engine.disagg.siblings import Sibling, SiblingPool, sibling_headers
-from trtllm_gateway.engine.kv_region import HostArenas, KvPayload
+from trtllm_gateway.engine.kv_region import HostArenas, KvPayload, KvRegion
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     Engine,
@@ -136,6 +137,7 @@ class RemotePrefillEngine:
         self._arenas = HostArenas()  # same-host siblings' arenas, read for their probe token
         self._transports: dict[str, str] = {}  # by sibling url: "v1" or a v2 transport
         self._leases: dict[str, tuple[Sibling, str, int, float]] = {}  # regions to free
+        self._receive = KvReceiveArena("", 0)  # the HTTP path's (made at start)
 
     @property
     def extras(self) -> EngineExtras:
@@ -151,6 +153,7 @@ class RemotePrefillEngine:
         )
         await self.inner.start()
         self.info = self.inner.info
+        self._receive = KvReceiveArena(self.info.kv_layout, self.info.max_model_len)
         self.room.block_size = block_size_of(self.info.kv_layout)
         for sib in self.pool.siblings:
             try:
@@ -167,6 +170,7 @@ class RemotePrefillEngine:
         for follower in self.followers:
             await follower.stop()
         await self.inner.stop()
+        self._receive.close()
         if self._client is not None:
             await self._client.aclose()
 
@@ -195,6 +199,8 @@ class RemotePrefillEngine:
                         if lease is not None:  # the first event: the core copied the region
                             self._done_with(lease, copied=True)
                             lease = None
+                        if first:
+                            self._receive.free(req.request_id)
                         first = False
                         yield ev
                 except InvalidRequestError as e:
@@ -204,6 +210,8 @@ class RemotePrefillEngine:
                     # prompt prefills here, and that sibling sends its next ones over HTTP.
                     if lease is not None:
                         self._transports[lease[0].url] = "http"
+                    elif _received(disagg) and KV_COPY_FAILED in str(e):
+                        self._receive.disable(str(e))  # our own arena could not be read
                     self._fallback(req, str(e))
                     local = self.inner.generate(req)
                     try:
@@ -215,6 +223,7 @@ class RemotePrefillEngine:
                 if lease is not None:
                     self._done_with(lease, copied=False)
                 await stream.aclose()  # type: ignore[attr-defined]
+                self._receive.free(req.request_id)
         finally:
             if room is not None:
                 room.release()
@@ -400,40 +409,47 @@ class RemotePrefillEngine:
         return replace(disagg, kv_payload=payload)
 
     async def _stream(self, sib: Sibling, ctx_id: str, req: GenerateRequest) -> KvPayload:
-        """The HTTP path: the staged region as kv_stream frames into one buffer, checked as it
-        comes (header against the prompt before any payload; digest on a thread)."""
+        """The HTTP path: the staged region as kv_stream frames, read on a thread into this
+        API server's receive arena (or one buffer), checked as it comes (the header against
+        the prompt before any payload; the digest hashed on another thread)."""
         t0 = time.perf_counter()
         layout, tokens = self.info.kv_layout, len(req.prompt_token_ids)
-        cap = kv_check.max_blob_bytes(layout, tokens)
-        reader = kv_stream.KvStreamReader(lambda r: kv_check.check_region(r, layout, tokens))
-        assert self._client is not None
         url = f"{sib.url}{wire.kv_v2_path(ctx_id)}"
         headers = {**dict(req.trace_headers), **self._auth}
         deadline = self.config.remote_prefill_timeout
+        pull = kv_stream.KvPull(url, headers, kv_check.max_blob_bytes(layout, tokens), deadline)
+        placed: list[KvRegion] = []
+        frame: list[bytearray] = []
+
+        def place(region: KvRegion) -> memoryview:
+            spot = self._receive.place(req.request_id, region)
+            if spot is not None:
+                placed.append(spot[1])
+                return spot[0]
+            frame.append(bytearray(region.nbytes))
+            return memoryview(frame[0])
+
+        def check(region: KvRegion) -> None:
+            kv_check.check_region(region, layout, tokens)
+
         try:
-            async with asyncio.timeout(deadline):
-                request = self._client.build_request("GET", url, headers=headers)
-                res = await self._client.send(request, stream=True)
-                try:
-                    if res.status_code != 200:
-                        text = (await res.aread())[:200].decode(errors="replace")
-                        raise SiblingError(f"GET {url} answered {res.status_code}: {text}")
-                    declared = res.headers.get("content-length", "")
-                    if cap is not None and declared.isdigit() and int(declared) > cap:
-                        raise SiblingError(f"{url} declares {declared} bytes, more than {cap}")
-                    async for chunk in res.aiter_raw():
-                        await reader.feed(chunk)
-                finally:
-                    await res.aclose()
-                region, data = await reader.finish()
+            try:
+                async with asyncio.timeout(deadline + 1.0):
+                    region = await asyncio.to_thread(pull.run, check, place)
+            except BaseException:
+                pull.abort()  # a cancelled or late pull: its thread stops reading now
+                self._receive.free(req.request_id)
+                raise
         except TimeoutError:
             raise SiblingError(f"GET {url} took more than {deadline:g} s") from None
-        except httpx.HTTPError as e:
-            raise SiblingError(f"{type(e).__name__}: {e}") from None
+        except kv_stream.KvPullError as e:
+            raise SiblingError(str(e)) from None
         except kv_wire.KvWireError as e:
             raise SiblingDownError(f"bad KV: {e}") from None
-        self.remote_prefill_stats.observe_transfer(len(data), time.perf_counter() - t0)
-        return KvPayload(region, data)
+        self.remote_prefill_stats.observe_transfer(region.nbytes, time.perf_counter() - t0)
+        if placed:
+            return KvPayload(placed[0])
+        return KvPayload(region, frame[0])
 
     async def _pull(self, sib: Sibling, ctx_id: str, req: GenerateRequest) -> bytes:
         """The held KV, at most the prompt's size in our layout, checked off the event loop."""
@@ -586,6 +602,12 @@ class RemotePrefillEngine:
         finally:
             await res.aclose()
         return Answer(res.status_code, bytes(body), {k.lower(): v for k, v in res.headers.items()})
+
+
+def _received(disagg: DisaggParams) -> bool:
+    """The KV came over HTTP into this API server's receive arena."""
+    kv = disagg.kv_payload
+    return isinstance(kv, KvPayload) and kv.data is None and kv.region.transport == "shm"
 
 
 def _queues(busy: dict[str, wire.QueueReport]) -> str:
