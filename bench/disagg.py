@@ -166,7 +166,7 @@ def run_setup(name: str, args: argparse.Namespace, gpus: list[str]) -> dict[str,
             started += [Instance(f"agg2-{i}", extra, gpus[i], logs) for i in (0, 1)]
             urls = [inst.ready().url for inst in started]
         else:
-            prefill = ["--mode", "prefill", *extra]
+            prefill = ["--mode", "prefill", *shlex.split(args.prefill_args), *extra]
             pre = Instance("prefill", prefill, gpus[0], logs, see_all=True).ready()
             started.append(pre)
             decode = ["--mode", "decode", "--prefill-url", pre.url, *shlex.split(args.decode_args)]
@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-args", help="flags of every server (the preset's if not given)")
     p.add_argument("--tokenizer", default=None, help="a tokenizer.json directory (GPU preset)")
     p.add_argument("--decode-args", default="--max-local-prefill-tokens 256")
+    p.add_argument("--prefill-args", default="", help="flags of the prefill instance alone")
     p.add_argument("--ttft-slo", type=float, default=2.0, help="seconds (issue 41: 2)")
     p.add_argument("--itl-slo", type=float, default=0.05, help="seconds, a request's ITL p99")
     p.add_argument("--log-dir", default="/tmp")
