@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from trtllm_gateway.app.drain import Drain
+from trtllm_gateway.app.http_protocol import bounded_protocol
 from trtllm_gateway.config.server import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,9 @@ def uvicorn_config(app: FastAPI, server: ServerConfig) -> uvicorn.Config:
         access_log=False,  # RequestContextMiddleware logs one line per request
         # The drain already waited --shutdown-timeout; this only bounds closing what is left.
         timeout_graceful_shutdown=DRAIN_TAIL_S,
-        # h11 bounds the header block it buffers (httptools parses any size: a 128 MB header
-        # took 39 s before auth ran); vLLM bounds it the same way.
-        http="h11",
-        h11_max_incomplete_event_size=server.max_header_bytes,
+        # httptools (C) for its per-chunk cost, with the request head bounded as h11 bounds it
+        # (app/http_protocol.py: httptools alone parsed a 128 MB header for 39 s before auth).
+        http=bounded_protocol(server.max_header_bytes),
     )
 
 

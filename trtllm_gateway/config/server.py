@@ -42,7 +42,7 @@ class ServerConfig(BaseModel):
         64 * 1024,
         ge=1024,
         description="Largest request line plus headers, in bytes; past it the connection gets "
-        "400 and is closed before anything is parsed further (HTTP/1.1 via h11).",
+        "400 and is closed before anything is parsed further.",
     )
     max_body_bytes: int = Field(
         64 * 1024 * 1024,
