@@ -73,3 +73,30 @@ def test_scatter_checked_refuses_a_nan_and_leaves_no_trace(dtype: torch.dtype) -
         kv.zero_()
         assert not scatter_checked(caches, table, BS, poisoned)
         assert not kv.view(torch.uint8).any()  # the blocks were zeroed again
+
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+
+
+@two_gpus
+@pytest.mark.parametrize("layers", [1, 5, 32])
+@pytest.mark.parametrize("nan_at", [None, 0, -1])
+def test_a_peer_region_scatters_as_a_local_one(layers: int, nan_at: int | None) -> None:
+    """scatter_checked of a region on cuda:0 into a pool on cuda:1 (the cuda_ipc path's copy
+    across, then the one-launch scatter) equals scattering a local copy; a NaN in the first or
+    the last layer is refused with the blocks zeroed."""
+    dtype, tokens = torch.bfloat16, 200
+    table = torch.randperm(40)[: -(-tokens // BS)].tolist()
+    src = torch.randn(layers, 2, tokens, 2, 64, device="cuda:0").to(dtype)
+    if nan_at is not None:
+        src[nan_at, 1, tokens // 2, 0, 3] = float("nan")
+    with torch.cuda.device(1):
+        into = torch.zeros(layers, 2, 40 * BS, 2, 64, dtype=dtype, device="cuda:1")
+        ref = torch.zeros_like(into)
+        ok = scatter_checked([(into[i, 0], into[i, 1]) for i in range(layers)], table, BS, src)
+        torch.cuda.synchronize()
+        scatter([(ref[i, 0], ref[i, 1]) for i in range(layers)], table, BS, src.to("cuda:1"))
+    if nan_at is None:
+        assert ok and torch.equal(into.view(torch.uint8), ref.view(torch.uint8))
+    else:
+        assert not ok and not into.view(torch.uint8).any()
