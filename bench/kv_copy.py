@@ -6,7 +6,9 @@
 
 Two processes, as a prefill and a decode core are: the exporter's KvTransferWorker gathers the
 prompt's blocks (a shuffled block table) into its arena; the importer's worker copies the
-region into its own reserved blocks (shm, cuda_ipc). For http the importer does what the decode
+region into its own reserved blocks (shm, cuda_ipc_arena). cuda_ipc is what cores on one host's
+GPUs do: no gather, the exporter names the blocks in its shared pool and the importer reads
+them across into its own (engine/builtin/kv_across.py). For http the importer does what the decode
 side's API server and core do: KvPull reads protocol v2's stream over loopback (uvicorn serving
 kv_stream.frames) into a receive arena, and the worker copies the region from there. The stage
 is timed from the exporter's stage() to the importer's Loaded; the KV is random values in the
@@ -88,12 +90,16 @@ def exporter(conn: Connection, args: argparse.Namespace, port: int) -> None:
         transport, rid = msg
         table = [int(b) for b in rng.permutation(2 * blocks)[:blocks]]
         t0 = time.perf_counter()
-        why = w.stage(rid, table, args.tokens, device=transport == "cuda_ipc")
-        assert not why, why
-        staged = _wait(w, done)
-        assert staged.region is not None, staged.error
-        regions[rid] = staged.region
-        conn.send((msgspec.json.encode(staged.region), time.perf_counter() - t0))
+        paged = w.pool_region(rid, table, args.tokens) if transport == "cuda_ipc" else None
+        if paged is not None:  # the blocks are the region: nothing staged, nothing to wait for
+            region = paged
+        else:
+            why = w.stage(rid, table, args.tokens, device=transport.startswith("cuda_ipc"))
+            assert not why, why
+            staged = _wait(w, done)
+            assert staged.region is not None, staged.error
+            region = regions[rid] = staged.region
+        conn.send((msgspec.json.encode(region), time.perf_counter() - t0))
         conn.recv()  # the importer has copied it
         w.free(rid)
     conn.send(statistics.median(w.handoff_s) if w.handoff_s else 0.0)
@@ -140,6 +146,7 @@ def importer(conn: Connection, out: Connection, args: argparse.Namespace, port: 
     receive = KvReceiveArena(_layout(args.model_shape), args.tokens)
     blocks = args.tokens // BS + 1
     results: dict[str, list[float]] = {}
+    parts: dict[str, list[tuple[float, float]]] = {}  # (prefill side, decode side) seconds
     for transport in args.transports:
         for i in range(args.reps + 1):
             conn.send((transport, f"{transport}-{i}"))
@@ -154,13 +161,15 @@ def importer(conn: Connection, out: Connection, args: argparse.Namespace, port: 
             receive.free(f"r{i}")
             assert not loaded.error, loaded.error
             if i:  # the first is a warm-up (arena pages, IPC open, connection)
-                results.setdefault(transport, []).append(t_stage + time.perf_counter() - t0)
+                decode_side = time.perf_counter() - t0
+                results.setdefault(transport, []).append(t_stage + decode_side)
+                parts.setdefault(transport, []).append((t_stage, decode_side))
             conn.send("copied")
     conn.send(None)
     exp_handoff = conn.recv()
     receive.close()
     imp_handoff = statistics.median(w.handoff_s) if w.handoff_s else 0.0
-    out.send((results, exp_handoff, imp_handoff))
+    out.send((results, parts, exp_handoff, imp_handoff))
     w.close()
 
 
@@ -266,7 +275,7 @@ def main() -> None:
     args.arena_mb = args.arena_mb or 2 * (nbytes >> 20) + 2
     gpus = args.prefill_device.startswith("cuda") and args.decode_device.startswith("cuda")
     if args.transports is None:
-        args.transports = ["cuda_ipc", "shm", "http"] if gpus else ["shm", "http"]
+        args.transports = ["cuda_ipc", "cuda_ipc_arena", "shm", "http"] if gpus else ["shm", "http"]
     raw = raw_bandwidths(nbytes, args)
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
@@ -278,7 +287,7 @@ def main() -> None:
     imp = ctx.Process(target=importer, args=(b, theirs, args, port))
     exp.start()
     imp.start()
-    results, exp_handoff, imp_handoff = mine.recv()
+    results, parts, exp_handoff, imp_handoff = mine.recv()
     imp.join()
     exp.join()
     report = {
@@ -290,6 +299,10 @@ def main() -> None:
         "stage_ms": {t: round(1e3 * statistics.median(v), 2) for t, v in results.items()},
         "stage_GBps": {
             t: round(nbytes / statistics.median(v) / 1e9, 2) for t, v in results.items()
+        },
+        "stage_parts_ms": {  # the prefill side's share (to the region sent), the decode side's
+            t: [round(1e3 * statistics.median(p[k] for p in v), 3) for k in (0, 1)]
+            for t, v in parts.items()
         },
         "step_thread_us_per_handoff": {
             "prefill_stage": round(1e6 * exp_handoff, 1),

@@ -1,6 +1,7 @@
-"""KV transfer v2 between two engine core processes on GPUs: cuda_ipc (gathered into the prefill
-GPU's arena, one copy across into the decode GPU's reserved blocks) and shm (through the pinned
-host arena), each against the decode engine's own aggregated greedy tokens.
+"""KV transfer v2 between two engine core processes on GPUs: cuda_ipc (paged: the decode GPU reads
+the prompt's blocks across from the prefill GPU's pool into its reserved blocks, the prefill
+side holding them until released) and shm (through the pinned host arena), each against the
+decode engine's own aggregated greedy tokens.
 
 Prefill on cuda:0 and decode on cuda:1 where there are two GPUs, else both on cuda:0 (CUDA IPC
 between processes of one GPU). Both processes see every GPU (no CUDA_VISIBLE_DEVICES isolation):
@@ -65,12 +66,19 @@ async def test_gpu_kv_transfer_equals_aggregated(tmp_path: Path, transport: str)
             region = await prefill.stage_kv(req.request_id)
             assert region.transport == transport
             assert (region.ipc is not None) == (transport == "cuda_ipc")
+            # cuda_ipc is paged (kv_across.py): the prompt's blocks in the prefill pool
+            assert bool(region.blocks) == (transport == "cuda_ipc")
             kv = KvPayload(region)
             disagg = DisaggParams("generation_only", res.first_token_ids, None, f"g{i}", None, kv)
             got = await tokens(decode, replace(req, disagg=disagg))
             prefill.release_kv(req.request_id)
             assert got == aggregated
         assert decode.health().kv_usage == 0.0  # every reserved block went back
+        # The prefill side's held blocks went back at the releases (a request after them
+        # brings a fresh health).
+        tail = GenerateRequest("tail", (5, 6, 7), SamplingParams(max_tokens=2, temperature=0.0))
+        await tokens(prefill, tail)
+        assert prefill.health().kv_usage == 0.0
     finally:
         await decode.stop()
         await prefill.stop()

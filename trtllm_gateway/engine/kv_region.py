@@ -4,6 +4,10 @@ arena's allocator, and the host arena opened by name.
     prefill core: gather the blocks ─▶ region of its arena ──(descriptor over HTTP, v2)──▶
     decode core: copy the region into the blocks it reserved ─▶ DELETE: the region is free
 
+On one host's GPUs the prompt is not gathered: the descriptor names the prefill core's KV pool
+and the prompt's blocks in it (a paged region), the decode core reads them across into its own
+blocks in one kernel, and the prefill core holds those blocks until the DELETE.
+
 An arena is allocated once per core: a shared-memory segment (`shm`: CPU, and the host staging of
 the HTTP path) or a buffer on the GPU (`cuda_ipc`, its IPC handle opened once per peer). A region
 holds [layers, 2, tokens, kv_heads, head_dim] contiguous, in the cache's dtype. No torch here: the
@@ -54,7 +58,13 @@ class CudaIpcHandle(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class KvRegion(msgspec.Struct, frozen=True, kw_only=True):
-    """Where one staged prompt KV lies: arena, byte range, shape and dtype."""
+    """Where one staged prompt KV lies: arena, byte range, shape and dtype.
+
+    A paged region (blocks set, cuda_ipc only) is not staged at all: ipc names the prefill
+    core's whole KV pool [layers, 2, pool_slots, kv_heads, head_dim], which starts `offset`
+    bytes into that allocation, and token t of the prompt lies in slot
+    blocks[t // block_size] * block_size + t % block_size; the decode core reads those slots
+    across in place. nbytes is then the prompt's KV, the bytes that move."""
 
     transport: str  # "shm" or "cuda_ipc"
     arena: str  # the segment's name (shm) or the device arena's id (cuda_ipc)
@@ -64,6 +74,8 @@ class KvRegion(msgspec.Struct, frozen=True, kw_only=True):
     dtype: str  # str(torch dtype)
     kv_layout: str
     ipc: CudaIpcHandle | None = None
+    blocks: tuple[int, ...] = ()  # a paged region's block ids in the sibling's pool
+    pool_slots: int = 0  # a paged region's pool size in token slots
 
 
 @dataclass(frozen=True, slots=True)

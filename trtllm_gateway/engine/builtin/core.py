@@ -130,7 +130,7 @@ class EngineCore:
             self._forget_encode(msg.request_id)
             self._forget_guided(msg.request_id)
         elif isinstance(msg, ExportKv):
-            region = self._k.staged.get(msg.request_id)
+            region = self._k.exported(msg.request_id)
             if region is None:
                 text = f"no KV held for {msg.request_id!r} (expired or pulled)"
                 return Reply(msg.cookie, RequestError("invalid", text)), None

@@ -3,6 +3,9 @@
     prefill side: a context phase ends ─▶ its final event is held, its blocks staged by the
                   transfer worker ─▶ Staged: blocks freed, the event sent, the region kept for
                   the sibling until a ReleaseKv (or its lease ends)
+                  (GPU sibling, paged: the event goes at once with the blocks' ids in the
+                  shared pool; the blocks stay held, as context phases are, until the
+                  ReleaseKv or the lease's end)
     decode side:  an Add with a sibling's region ─▶ blocks reserved (in arrival order, as they
                   free) ─▶ the worker copies into them ─▶ Loaded: the sequence is admitted
 
@@ -77,9 +80,16 @@ class KvHandoffs:
                 out.append((request_id, ev))
                 continue
             assert isinstance(ev, TokenEvent)
-            seq = self.st.export_kv(request_id)
             device = request_id in self._device
             self._device.discard(request_id)
+            if device:  # the blocks stay held in st.handoffs, under its lease
+                held = self.st.handoffs[request_id][0]
+                paged = self.worker.pool_region(request_id, held.block_table, held.prompt_len)
+                if paged is not None:
+                    self.staged[request_id] = paged
+                    out.append((request_id, ev))
+                    continue
+            seq = self.st.export_kv(request_id)
             why = self.worker.stage(request_id, seq.block_table, seq.prompt_len, device)
             if why:
                 self.st.release_blocks(seq)
@@ -94,8 +104,17 @@ class KvHandoffs:
             self._aborted.add(request_id)
         elif self.worker.free(request_id):
             self.staged.pop(request_id, None)
-        else:
+        else:  # held blocks: a context phase not staged yet, or a paged region's
+            self.staged.pop(request_id, None)
             self.st.release_kv(request_id)
+
+    def exported(self, request_id: str) -> KvRegion | None:
+        """The region held for the sibling (None: expired, released, or never staged)."""
+        region = self.staged.get(request_id)
+        if region is not None and region.blocks and request_id not in self.st.handoffs:
+            del self.staged[request_id]  # a paged region whose blocks went back
+            return None
+        return region
 
     def renew(self, request_id: str, now: float) -> None:
         """The decode side still waits (a lease renewal): the staged region, or the blocks
@@ -171,6 +190,8 @@ class KvHandoffs:
                 self._free(seq)
         for request_id in self.worker.expire(now):
             self.staged.pop(request_id, None)
+        for request_id in [r for r, g in self.staged.items() if g.blocks]:
+            self.exported(request_id)  # paged regions whose blocks expired or were aborted
         self._reserve()
         return out
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.backend import KvCaches
+from trtllm_gateway.engine.builtin.peer_memory import PeerMappings
 from trtllm_gateway.engine.kv_region import (
     CudaIpcHandle,
     HostArenas,
@@ -135,11 +136,11 @@ def _one_launch(
     NaN/infinity count of a scatter); False when the caches are not one pool or the row is not
     whole 32-bit words (the per-layer path then)."""
     pool = pool_of(caches)
-    if pool is None or not _words(caches) or not region.is_contiguous():
+    if pool is None or not whole_words(caches) or not region.is_contiguous():
         return False
     from trtllm_gateway.engine.builtin.kernels.kv_blocks import move  # imports Triton
 
-    table = _table(block_table, region.shape[2], block_size, region.device)
+    table = table_on(block_table, region.shape[2], block_size, region.device)
     move(pool, region, table, block_size, to_pool, bad)
     return True
 
@@ -171,12 +172,12 @@ def scatter_checked(
     return True
 
 
-def _words(caches: KvCaches) -> bool:
+def whole_words(caches: KvCaches) -> bool:
     """The cache's rows are whole 32-bit words (what the kernel moves)."""
     return caches[0][0].shape[-1] * caches[0][0].element_size() % 4 == 0
 
 
-def _table(
+def table_on(
     block_table: list[int], tokens: int, block_size: int, device: torch.device
 ) -> torch.Tensor:
     blocks = -(-tokens // block_size)
@@ -228,7 +229,7 @@ class HostArena:
 
     def describe(self, offset: int, kv: tuple[tuple[int, ...], str, str]) -> KvRegion:
         shape, dtype, layout = kv
-        nbytes = _nbytes(shape, dtype)
+        nbytes = nbytes_of(shape, dtype)
         return KvRegion(
             transport="shm", arena=self.name, offset=offset, nbytes=nbytes, shape=shape,
             dtype=dtype, kv_layout=layout,
@@ -250,7 +251,7 @@ class DeviceArena:
     def __init__(self, size: int, device: torch.device) -> None:
         self.bytes = torch.empty(size, dtype=torch.uint8, device=device)
         self.alloc = RegionAllocator(size)
-        self.ipc = _share(self.bytes)
+        self.ipc = share_storage(self.bytes.untyped_storage())  # the arena starts its storage
         self.name = self.ipc.handle[:32]
 
     def region(self, offset: int, nbytes: int) -> torch.Tensor:
@@ -259,7 +260,7 @@ class DeviceArena:
     def describe(self, offset: int, kv: tuple[tuple[int, ...], str, str]) -> KvRegion:
         shape, dtype, layout = kv
         return KvRegion(
-            transport="cuda_ipc", arena=self.name, offset=offset, nbytes=_nbytes(shape, dtype),
+            transport="cuda_ipc", arena=self.name, offset=offset, nbytes=nbytes_of(shape, dtype),
             shape=shape, dtype=dtype, kv_layout=layout, ipc=self.ipc,
         )  # fmt: skip
 
@@ -276,6 +277,7 @@ class Sources:
         self.host = HostArenas()
         self.pin = pin
         self._ipc: dict[str, torch.Tensor] = {}
+        self.peers = PeerMappings()  # sibling pools mapped in this GPU's context (kv_across)
         self._pinned: dict[str, torch.Tensor | None] = {}  # host arenas page-locked, by name
         self._lock = threading.Lock()
 
@@ -314,9 +316,10 @@ class Sources:
                     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
                     cudart.cudaHostUnregister(whole.data_ptr())
             self._pinned.clear()
+        self.peers.close()
 
 
-def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+def nbytes_of(shape: tuple[int, ...], dtype: str) -> int:
     n = dtype_of(dtype).itemsize
     for d in shape:
         n *= d
@@ -335,13 +338,10 @@ def _pin(t: torch.Tensor) -> bool:
     return True
 
 
-def _share(t: torch.Tensor) -> CudaIpcHandle:
-    """The IPC handle of t's allocation, taken once (torch/multiprocessing/reductions.py,
+def share_storage(storage: torch.UntypedStorage) -> CudaIpcHandle:
+    """The IPC handle of a storage's allocation, taken once (torch/multiprocessing/reductions.py,
     reduce_tensor, calls the same _share_cuda_ on the tensor's storage)."""
-    storage = t.untyped_storage()
     dev, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync = storage._share_cuda_()  # type: ignore[no-untyped-call]
-    if t.storage_offset() != 0:
-        raise RuntimeError("the KV arena must start its storage")
     return CudaIpcHandle(
         device=int(dev), handle=bytes(handle).hex(), size=int(size), offset=int(offset),
         ref_counter_handle=bytes(rc_handle).hex(), ref_counter_offset=int(rc_offset),

@@ -11,6 +11,10 @@ The step thread only allocates a byte range, records an event and queues the job
 nothing and copies nothing (tests/engine/test_kv_transfer_worker.py measures it per hand-off).
 The core frees the prefill side's blocks once Staged, and admits a decode-side sequence once
 Loaded: the blocks it reserved before the copy are written by then.
+
+On GPUs of one host a hand-off is paged instead (kv_across.py): pool_region() describes the
+prompt's blocks in this core's shared pool at once, with no job (the core holds the blocks
+until the sibling releases them), and the decode side's load reads them across in one kernel.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from trtllm_gateway.engine.builtin.backend import KvCaches
+from trtllm_gateway.engine.builtin.kv_across import AcrossReader, DevicePool
 from trtllm_gateway.engine.builtin.kv_staging import (
     DeviceArena,
     HostArena,
@@ -100,6 +105,9 @@ class KvTransferWorker:
         self._cuda = device.type == "cuda"
         self.sources = Sources(pin=self._cuda)
         self._stream = torch.cuda.Stream(device) if self._cuda else None  # type: ignore[no-untyped-call]
+        self._pool: DevicePool | None = None  # shared at the first paged hand-off
+        self._pool_tried = False
+        self._across: AcrossReader | None = None  # made at the first paged load
         self.handoff_s: list[float] = []  # step-thread seconds per stage()/load() call
         self._thread = threading.Thread(target=self._run, name="kv-transfer", daemon=True)
         self._thread.start()
@@ -125,6 +133,21 @@ class KvTransferWorker:
         self._jobs.put(_Stage(request_id, arena, region, list(block_table), event))
         self.handoff_s.append(time.perf_counter() - t0)
         return ""
+
+    def pool_region(
+        self, request_id: str, block_table: list[int], num_tokens: int
+    ) -> KvRegion | None:
+        """A paged region of the prompt's blocks in this core's shared pool (the caller holds
+        the blocks until the sibling is done), or None when the pool cannot be shared."""
+        t0 = time.perf_counter()
+        if not self._pool_tried:
+            self._pool_tried = True
+            self._pool = DevicePool.of(self.caches, self.kv_layout) if self._cuda else None
+        if self._pool is None:
+            return None
+        region = self._pool.describe(block_table, num_tokens, self.block_size)
+        self.handoff_s.append(time.perf_counter() - t0)
+        return region
 
     def load(
         self,
@@ -195,6 +218,8 @@ class KvTransferWorker:
 
     # --- the transfer thread ----------------------------------------------------------------
     def _run(self) -> None:
+        if self._cuda:
+            torch.cuda.set_device(self.device)  # Triton launches on the thread's device
         ctx = torch.cuda.stream(self._stream) if self._stream is not None else None
         while True:
             job = self._jobs.get()
@@ -227,6 +252,13 @@ class KvTransferWorker:
             self._sync()
             return Staged(job.request_id, r)
         r = job.region
+        if r.blocks:  # a sibling pool's blocks, read across in place
+            if self._across is None:
+                self._across = AcrossReader(self.caches, self.block_size, self.sources)
+            if not self._across.read(r, job.block_table):
+                return Loaded(job.request_id, f"{KV_REFUSED}: NaN or infinite values")
+            self._sync()
+            return Loaded(job.request_id)
         if job.payload is not None:  # torch wants a writable buffer: bytes are copied once
             data = job.payload if isinstance(job.payload, bytearray) else bytearray(job.payload)
             raw = torch.frombuffer(data, dtype=torch.uint8)
