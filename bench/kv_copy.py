@@ -1,6 +1,7 @@
 """The KV copy stage of one N-token prompt per transport, beside the raw bandwidths of this run.
 
     python -m bench.kv_copy                                   # CPU: shm, http; 135M's KV shape
+    python -m bench.kv_copy --transports shm http nixl        # with NIXL (the nixl extra)
     python -m bench.kv_copy --model-shape 8b --tokens 2048 \\
         --prefill-device cuda:0 --decode-device cuda:1        # cuda_ipc, shm, http on two GPUs
 
@@ -10,7 +11,8 @@ region into its own reserved blocks (shm, cuda_ipc_arena). cuda_ipc is what core
 GPUs do: no gather, the exporter names the blocks in its shared pool and the importer reads
 them across into its own (engine/builtin/kv_across.py). For http the importer does what the decode
 side's API server and core do: KvPull reads protocol v2's stream over loopback (uvicorn serving
-kv_stream.frames) into a receive arena, and the worker copies the region from there. The stage
+kv_stream.frames) into a receive arena, and the worker copies the region from there; nixl
+(the nixl extra) READs the exporter's host arena into the receive arena the same way. The stage
 is timed from the exporter's stage() to the importer's Loaded; the KV is random values in the
 model's cache shape and dtype (weights play
 no part in the copy). Printed beside it, measured in the same run: shared-memory memcpy, loopback
@@ -21,6 +23,7 @@ time per hand-off (stage() and load(): the issue's < 0.1 ms target). One JSON li
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -81,6 +84,7 @@ def exporter(conn: Connection, args: argparse.Namespace, port: int) -> None:
     w, done = _worker(args.model_shape, args.tokens, args.prefill_device, True, arena)
     regions: dict[str, Any] = {}
     server = _serve_http(w, regions, port)
+    nixl_info: Any = None
     blocks = args.tokens // BS + 1
     rng = np.random.default_rng(0)
     while True:
@@ -100,6 +104,13 @@ def exporter(conn: Connection, args: argparse.Namespace, port: int) -> None:
             assert staged.region is not None, staged.error
             region = regions[rid] = staged.region
         conn.send((msgspec.json.encode(region), time.perf_counter() - t0))
+        if transport == "nixl" and nixl_info is None:  # the agent's metadata, sent once
+            from trtllm_gateway.engine.disagg.kv_nixl import NixlEnd
+
+            nixl_end = NixlEnd("prefill")
+            arena = w.host_arena()
+            nixl_info = nixl_end.expose(arena.name, arena.shm.buf)
+            conn.send(msgspec.json.encode(nixl_info))
         conn.recv()  # the importer has copied it
         w.free(rid)
     conn.send(statistics.median(w.handoff_s) if w.handoff_s else 0.0)
@@ -144,6 +155,12 @@ def importer(conn: Connection, out: Connection, args: argparse.Namespace, port: 
 
     w, done = _worker(args.model_shape, args.tokens, args.decode_device, False, 1 << 20)
     receive = KvReceiveArena(_layout(args.model_shape), args.tokens)
+    nixl: Any = None
+    nixl_info: Any = None
+    if "nixl" in args.transports:
+        from trtllm_gateway.engine.disagg.kv_nixl import NixlEnd
+
+        nixl = NixlEnd("decode")
     blocks = args.tokens // BS + 1
     results: dict[str, list[float]] = {}
     parts: dict[str, list[tuple[float, float]]] = {}  # (prefill side, decode side) seconds
@@ -156,6 +173,11 @@ def importer(conn: Connection, out: Connection, args: argparse.Namespace, port: 
             if transport == "http":  # as an API server: into its receive arena, then the core
                 url = f"http://127.0.0.1:{port}/internal/v2/kv/{transport}-{i}"
                 region = _pull(kv_stream, receive, url, f"r{i}")
+            elif transport == "nixl":  # one READ into the receive arena (kv_nixl.py), the core
+                if not i:
+                    nixl_info = conn.recv()
+                    t0 = time.perf_counter()
+                region = asyncio.run(_read_nixl(nixl, receive, region, f"r{i}", nixl_info))
             w.load(f"r{i}", region, None, list(range(blocks)))
             loaded = _wait(w, done)
             receive.free(f"r{i}")
@@ -171,6 +193,18 @@ def importer(conn: Connection, out: Connection, args: argparse.Namespace, port: 
     imp_handoff = statistics.median(w.handoff_s) if w.handoff_s else 0.0
     out.send((results, parts, exp_handoff, imp_handoff))
     w.close()
+
+
+async def _read_nixl(nixl: Any, receive: Any, region: Any, rid: str, info: bytes) -> Any:
+    """remote_prefill's NIXL path: kv_nixl.pull reads the region into the receive arena."""
+    from trtllm_gateway.engine.disagg import kv_nixl
+
+    async def fetch(arena: str) -> bytes:
+        return info
+
+    got = await kv_nixl.pull(nixl, "exporter", region, receive, rid, fetch, 120.0)
+    assert got is not None, "the receive arena has no room"
+    return got
 
 
 def _pull(kv_stream: Any, receive: Any, url: str, rid: str) -> Any:

@@ -1,8 +1,9 @@
 """Protocol v2 end to end with the real default model, in one process: a prefill gateway (its real
 /internal/ routes over a built-in engine core) reached through httpx's ASGI transport by a decode
 instance's RemotePrefillEngine over another core. Each transport a CPU host has (shm: the probe
-token is found in the sibling's arena; the http stream; v1 for a sibling without version 2)
-against the decode engine's aggregated greedy tokens. Real processes: tests/e2e/test_disagg.py.
+token is found in the sibling's arena; the http stream; one NIXL READ, asked for or picked by
+auto for a sibling on another host; v1 for a sibling without version 2) against the decode
+engine's aggregated greedy tokens. Real processes: tests/e2e/test_disagg.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trtllm_gateway.app.main import create_app
 from trtllm_gateway.engine.builtin.core_launch import core_client
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.remote_prefill import RemotePrefillEngine
+from trtllm_gateway.engine.kv_region import HostArenas
 from trtllm_gateway.engine.protocol import GenerateRequest, TokenEvent
 from trtllm_gateway.engine.stats import RemotePrefillStats
 
@@ -48,7 +50,10 @@ def _tokens(events: list[TokenEvent]) -> list[int]:
     return [t for ev in events for t in ev.token_ids]
 
 
-@pytest.mark.parametrize(("want", "got"), [("auto", "shm"), ("http", "http"), ("auto", "v1")])
+@pytest.mark.parametrize(
+    ("want", "got"),
+    [("auto", "shm"), ("http", "http"), ("auto", "v1"), ("nixl", "nixl"), ("auto-far", "nixl")],
+)
 async def test_v2_transports_equal_aggregated(
     prefill_app: Any,
     chat_prompts: list[list[int]],
@@ -58,6 +63,9 @@ async def test_v2_transports_equal_aggregated(
 ) -> None:
     if got == "v1":  # a sibling from before version 2: its /info announces only version 1
         monkeypatch.setattr(wire, "PROTOCOL_VERSIONS", (1,))
+    if want == "auto-far":  # the sibling's arena not visible here: another host, as auto sees it
+        monkeypatch.setattr(HostArenas, "token", lambda self, name: b"")
+        want = "auto"
     url, transport, served = "http://prefill", httpx.ASGITransport(app=prefill_app), None
     if want == "http":  # the KV stream is read with http.client off the loop: a real socket
         served = await _serve(prefill_app)
@@ -90,10 +98,12 @@ async def test_v2_transports_equal_aggregated(
             events = [ev async for ev in engine.generate(replace(req, request_id=f"r{i}"))]
             assert _tokens(events) == _tokens(expected)
         assert stats.outcomes["remote"] == 2 and stats.kv_bytes > 0, stats
-        if want == "http":  # the stream landed in the receive arena, and each region is freed
+        if got in ("http", "nixl"):  # it landed in the receive arena, each region freed
             assert landed == ["r0", "r1"]
             arena = engine._receive._arena
             assert arena is not None and arena.alloc.owners() == []
+        if got == "nixl":  # read by the decode side's agent from the prefill side's arena
+            assert len(engine._nixl._remotes) == 1
     finally:
         await engine.stop()
         if served is not None:

@@ -59,6 +59,9 @@ class HandoffEngine(FakeEngine):
     def kv_view(self, region: KvRegion) -> memoryview:
         raise NotImplementedError
 
+    def kv_arena(self, name: str) -> memoryview:
+        raise NotImplementedError
+
     def release_kv(self, ctx_request_id: str) -> None:
         pass
 

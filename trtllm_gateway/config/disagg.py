@@ -49,11 +49,12 @@ class DisaggConfig(BaseModel):
         description="Decode mode: retries of busy (503) prefill siblings before a prompt is "
         "prefilled locally; the waits double from 0.1 s, within the sibling's Retry-After.",
     )
-    kv_transport: Literal["auto", "cuda_ipc", "shm", "http"] = Field(
+    kv_transport: Literal["auto", "cuda_ipc", "shm", "http", "nixl"] = Field(
         "auto",
         description="How a decode instance takes the KV of a sibling's prefill (protocol v2): "
         "auto picks cuda_ipc when both instances are on GPUs of this host, shm on one host, "
-        "else http; a sibling without protocol v2 gets v1's blob (docs/disaggregation.md).",
+        "else nixl when both have NIXL installed (the nixl extra), else http; a sibling "
+        "without protocol v2 gets v1's blob (docs/disaggregation.md).",
     )
     sibling_backoff: float = Field(
         5.0, gt=0.0, description="Seconds a failed sibling is skipped before a /health recheck."

@@ -51,6 +51,11 @@ class KvHandoff(Protocol):
         """A region of this engine's shared-memory arena, in place. Raises KvRegionError."""
         ...
 
+    def kv_arena(self, name: str) -> memoryview:
+        """This engine's whole shared-memory staging arena of that name (NIXL registers it).
+        Raises KvRegionError."""
+        ...
+
     def release_kv(self, ctx_request_id: str) -> None:
         """Free held or staged KV (pulled, copied, or given up); idempotent."""
 

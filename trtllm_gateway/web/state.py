@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 
 from trtllm_gateway.config.gateway import GatewayConfig
+from trtllm_gateway.engine.disagg.kv_nixl import NixlEnd
 from trtllm_gateway.engine.protocol import EngineBase, EngineHealth
 from trtllm_gateway.engine.tokenizer import Tokenizer
 from trtllm_gateway.multimodal import MediaCache
@@ -32,6 +33,8 @@ class State:
     media_cache: MediaCache = field(default_factory=lambda: MediaCache(0))
     # Context phases in flight on a prefill instance (routers/internal/disagg.py).
     prefill_queue: PrefillQueue = field(default_factory=lambda: PrefillQueue(None))
+    # A prefill instance's NIXL agent, made at a decode sibling's first GET of it.
+    nixl: NixlEnd = field(default_factory=lambda: NixlEnd("prefill"))
     _model_name: str | None = field(default=None, repr=False)
     _stopping: asyncio.Future[None] | None = field(default=None, repr=False)
 

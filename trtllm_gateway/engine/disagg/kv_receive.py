@@ -45,6 +45,12 @@ class KvReceiveArena:
             )  # fmt: skip
             return arena.view(offset, region.nbytes), mine
 
+    def whole(self) -> memoryview | None:
+        """The whole arena (a NIXL agent registers it), made now; None when there is none."""
+        with self._lock:
+            arena = self._open()
+            return None if arena is None else arena.buf
+
     def free(self, request_id: str) -> None:
         with self._lock:
             if self._arena is not None:

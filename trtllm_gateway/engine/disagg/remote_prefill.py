@@ -33,7 +33,7 @@ import msgspec
 from trtllm_gateway.config.disagg import DisaggConfig
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
 from trtllm_gateway.engine.capabilities import EngineExtras, KvHandoff
-from trtllm_gateway.engine.disagg import kv_check, kv_stream, kv_wire
+from trtllm_gateway.engine.disagg import kv_check, kv_nixl, kv_stream, kv_wire
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
 from trtllm_gateway.engine.disagg.kv_receive import KvReceiveArena
@@ -137,7 +137,8 @@ class RemotePrefillEngine:
         self._arenas = HostArenas()  # same-host siblings' arenas, read for their probe token
         self._transports: dict[str, str] = {}  # by sibling url: "v1" or a v2 transport
         self._leases: dict[str, tuple[Sibling, str, int, float]] = {}  # regions to free
-        self._receive = KvReceiveArena("", 0)  # the HTTP path's (made at start)
+        self._receive = KvReceiveArena("", 0)  # the HTTP and NIXL paths' (made at start)
+        self._nixl = kv_nixl.NixlEnd("decode")  # its agent made at the first NIXL read
 
     @property
     def extras(self) -> EngineExtras:
@@ -170,6 +171,7 @@ class RemotePrefillEngine:
         for follower in self.followers:
             await follower.stop()
         await self.inner.stop()
+        self._nixl.close()
         self._receive.close()
         if self._client is not None:
             await self._client.aclose()
@@ -394,7 +396,11 @@ class RemotePrefillEngine:
                 kv_check.check_region(region, self.info.kv_layout, len(req.prompt_token_ids))
             except kv_wire.KvWireError as e:
                 raise SiblingDownError(f"bad KV: {e}") from None
-            if transport == "http":
+            if transport == "nixl":
+                async with self._leased(sib, ctx_id, answer.lease_s):
+                    payload = await self._read_nixl(sib, ctx_id, region, req)
+                await self._release(sib, ctx_id)  # read: the sibling's region is free
+            elif transport == "http":
                 async with self._leased(sib, ctx_id, answer.lease_s):
                     payload = await self._stream(sib, ctx_id, req)
             elif region.transport != transport:
@@ -450,6 +456,29 @@ class RemotePrefillEngine:
         if placed:
             return KvPayload(placed[0])
         return KvPayload(region, frame[0])
+
+    async def _read_nixl(
+        self, sib: Sibling, ctx_id: str, region: KvRegion, req: GenerateRequest
+    ) -> KvPayload:
+        """The NIXL path (kv_nixl.py): one READ of the staged region into the receive arena;
+        a region that does not fit there is streamed as over HTTP."""
+        t0 = time.perf_counter()
+
+        async def fetch(arena: str) -> bytes:
+            return (await self._call("GET", sib, wire.nixl_path(arena), None, ())).content
+
+        try:
+            mine = await kv_nixl.pull(
+                self._nixl, sib.url, region, self._receive, req.request_id, fetch,
+                self.config.remote_prefill_timeout,
+            )  # fmt: skip
+        except kv_nixl.NixlError as e:
+            self._transports[sib.url] = "http"  # this sibling's next prompts stream
+            raise SiblingError(f"NIXL: {e}") from None
+        if mine is None:
+            return await self._stream(sib, ctx_id, req)
+        self.remote_prefill_stats.observe_transfer(region.nbytes, time.perf_counter() - t0)
+        return KvPayload(mine)
 
     async def _pull(self, sib: Sibling, ctx_id: str, req: GenerateRequest) -> bytes:
         """The held KV, at most the prompt's size in our layout, checked off the event loop."""

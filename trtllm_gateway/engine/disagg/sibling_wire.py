@@ -64,7 +64,8 @@ QUEUE_REQUESTS_HEADER = "X-Prefill-Queue-Requests"
 QUEUE_TOKENS_HEADER = "X-Prefill-Queue-Tokens"
 PREFILL_V2_PATH = "/internal/v2/prefill"
 KV_V2_PATH = "/internal/v2/kv/{ctx_request_id}"
-KvTransport = Literal["cuda_ipc", "shm", "http"]
+NIXL_V2_PATH = "/internal/v2/nixl/{arena}"  # a staging arena's NIXL agent (kv_nixl.py)
+KvTransport = Literal["cuda_ipc", "shm", "http", "nixl"]
 
 T = TypeVar("T")
 _AT = re.compile(r" - at `\$\.(\w+)")
@@ -122,6 +123,10 @@ def kv_v2_path(ctx_request_id: str) -> str:
     return KV_V2_PATH.format(ctx_request_id=ctx_request_id)
 
 
+def nixl_path(arena: str) -> str:
+    return NIXL_V2_PATH.format(arena=arena)
+
+
 class SiblingInfo(msgspec.Struct, frozen=True, kw_only=True):
     """GET /info: a decode instance refuses a sibling whose model, layout or version differ."""
 
@@ -134,6 +139,7 @@ class SiblingInfo(msgspec.Struct, frozen=True, kw_only=True):
     kv_arena: str = ""  # its shared-memory staging arena, and the token at its start
     kv_arena_token: str = ""
     kv_cuda: bool = False  # its KV cache is on a GPU
+    kv_nixl: bool = False  # it serves its staging arena to NIXL readers (kv_nixl.py)
 
 
 class PrefillBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -30,7 +30,7 @@ import zmq.asyncio
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.disagg import kv_wire
 from trtllm_gateway.engine.kv_events.log import KvEventLog, event_from_json
-from trtllm_gateway.engine.kv_region import HostArenas, KvPayload, KvRegion
+from trtllm_gateway.engine.kv_region import HostArenas, KvPayload, KvRegion, KvRegionError
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
     EngineError,
@@ -189,6 +189,13 @@ class CoreClient:
 
     def kv_view(self, region: KvRegion) -> memoryview:
         return self.arenas.view(region)
+
+    def kv_arena(self, name: str) -> memoryview:
+        if name != self.info.kv_arena:  # only the core's own staging arena, never a sibling's
+            raise KvRegionError(f"{name!r} is not this engine's KV arena")
+        buf = self.arenas.segment(name).buf
+        assert buf is not None
+        return buf
 
     async def pull_kv(self, ctx_request_id: str) -> bytes:
         """The staged KV as a kv_wire blob (protocol v1's GET), its region then freed."""

@@ -9,6 +9,8 @@ and messages).
     POST   /internal/v1/kv/{id}/lease  keep held or staged KV --kv-handoff-timeout more seconds
     POST   /internal/v2/prefill        a context phase whose answer says where its KV is staged
     GET    /internal/v2/kv/{id}        the staged KV as kv_stream frames (the HTTP path); frees it
+    GET    /internal/v2/nixl/{arena}   the staging arena registered with this process's NIXL
+                                       agent: the agent's metadata and the arena's address
 
 A client (the decode sibling) that disconnects during the prefill cancels it and frees its blocks.
 A prefill takes an admission slot like a generation request, and a place in the prefill queue
@@ -26,7 +28,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from trtllm_gateway.engine.capabilities import KvHandoff
-from trtllm_gateway.engine.disagg import kv_stream
+from trtllm_gateway.engine.disagg import kv_nixl, kv_stream
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.guided.compile import check_guided
 from trtllm_gateway.engine.kv_region import KvRegionError
@@ -76,6 +78,7 @@ async def info(serving: ServingDep) -> Response:
             kv_arena=i.kv_arena,
             kv_arena_token=i.kv_arena_token,
             kv_cuda=i.kv_cuda,
+            kv_nixl=bool(i.kv_arena) and kv_nixl.available(),
         )
     )
 
@@ -210,6 +213,21 @@ async def stream_kv(ctx_request_id: str, serving: ServingDep) -> Response:
         headers=headers,
         background=BackgroundTask(handoff.release_kv, ctx_request_id),
     )
+
+
+@router.get(wire.NIXL_V2_PATH)
+async def nixl_arena(arena: str, serving: ServingDep, state: StateDep) -> Response:
+    """The core's staging arena registered with this API server's NIXL agent (once), for a
+    decode sibling to READ staged regions from (kv_nixl.py)."""
+    handoff = _handoff(serving)
+    if not kv_nixl.available():
+        raise NotFoundError("NIXL is not installed here", param="arena")
+    try:
+        buf = handoff.kv_arena(arena)
+        answer = await asyncio.to_thread(state.nixl.expose, arena, buf)
+    except (KvRegionError, kv_nixl.NixlError) as e:
+        raise NotFoundError(str(e), param="arena") from None
+    return _answer(answer)
 
 
 @router.delete(wire.KV_PATH)
