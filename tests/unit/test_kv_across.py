@@ -5,11 +5,13 @@ before any kernel reads outside its pool. The reads across themselves: tests/gpu
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
 from trtllm_gateway.engine.builtin.kv_across import check_paged
-from trtllm_gateway.engine.builtin.peer_memory import IPC_HANDLE_BYTES, mem_handle
+from trtllm_gateway.engine.builtin.peer_memory import IPC_HANDLE_BYTES, PeerMappings, mem_handle
 from trtllm_gateway.engine.kv_region import CudaIpcHandle, KvRegion, KvRegionError
 
 BS = 16
@@ -86,3 +88,47 @@ def test_a_paged_region_inside_its_pool_passes() -> None:
 def test_a_paged_region_reaching_outside_its_pool_is_refused(region: KvRegion, why: str) -> None:
     with pytest.raises(KvRegionError, match=why.replace("(", r"\(").replace("'", ".")):
         check_paged(region, BS)
+
+
+class FakeCudart:
+    """cudaIpcOpenMemHandle / cudaIpcCloseMemHandle as calls recorded (the real ones run in
+    tests/gpu/test_kv_across.py): what PeerMappings keeps open, and when it closes."""
+
+    def __init__(self) -> None:
+        self.opened: list[bytes] = []
+        self.closed: list[int] = []
+        self.next = 0x7F0000000000
+
+    def cudaSetDevice(self, device: int) -> int:
+        return 0
+
+    def cudaIpcOpenMemHandle(self, ptr: Any, handle: Any, flags: int) -> int:
+        assert flags == 1  # cudaIpcMemLazyEnablePeerAccess
+        self.opened.append(bytes(handle.reserved))
+        self.next += 1 << 30
+        ptr._obj.value = self.next
+        return 0
+
+    def cudaIpcCloseMemHandle(self, ptr: Any) -> int:
+        self.closed.append(ptr.value)
+        return 0
+
+
+def on(device: int, payload: bytes) -> CudaIpcHandle:
+    return msgspec.structs.replace(handle(b"\x02c" + payload), device=device, offset=512)
+
+
+def test_a_restarted_siblings_old_pool_is_closed_when_its_new_one_opens() -> None:
+    """CUDA IPC keeps an allocation alive while an importer holds it: a prefill sibling
+    restarted on the same GPU must not find its old pool still held by the decode core."""
+    lib = FakeCudart()
+    maps = PeerMappings(lib)
+    a, b, c = (bytes([i]) * IPC_HANDLE_BYTES for i in (1, 2, 3))
+    first = maps.open(on(0, a), 1)
+    assert maps.open(on(0, a), 1) == first and len(lib.opened) == 1  # opened once
+    other_gpu = maps.open(on(2, c), 1)  # another sibling, another GPU: both stay open
+    assert lib.closed == []
+    again = maps.open(on(0, b), 1)  # GPU 0's sibling restarted: its old pool is let go
+    assert lib.closed == [first - 512] and again != first
+    maps.close()
+    assert sorted(lib.closed) == sorted([first - 512, other_gpu - 512, again - 512])

@@ -292,7 +292,11 @@ class Sources:
         if region.transport == "cuda_ipc" and region.ipc is not None:
             with self._lock:
                 arena = self._ipc.get(region.ipc.handle)
-                if arena is None:
+                if arena is None:  # one arena a sibling GPU: a restarted sibling's old one
+                    for old in [
+                        k for k, t in self._ipc.items() if t.device.index == region.ipc.device
+                    ]:
+                        del self._ipc[old]  # closed with its last tensor (PeerMappings says why)
                     arena = self._ipc[region.ipc.handle] = open_ipc(region.ipc)
             end = region.offset + region.nbytes
             if region.offset < 0 or end > arena.numel():

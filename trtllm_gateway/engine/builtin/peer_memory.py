@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import Any
 
 from trtllm_gateway.engine.kv_region import CudaIpcHandle, KvRegionError
 
@@ -57,36 +58,46 @@ def _cudart() -> ctypes.CDLL:
 
 
 class PeerMappings:
-    """Sibling allocations opened on this core's device, once each (by handle), closed at
-    close()."""
+    """Sibling allocations opened on this core's device, one per sibling GPU, closed at close().
 
-    def __init__(self) -> None:
-        self._base: dict[str, int] = {}
+    A mapping keeps its allocation alive after the process that made it has exited (CUDA IPC:
+    the memory is freed once every importer has closed it), so a prefill sibling restarted on
+    the same GPU would find its old pool still there, held by us: the mapping of a GPU's
+    earlier allocation is closed when another allocation of that GPU is opened. Two siblings
+    sharing one GPU then reopen each other's pool in turn (correct, a little slower). Call
+    open() from the one thread that reads the mappings (the transfer thread): no read of the
+    closed mapping is in flight then."""
+
+    def __init__(self, lib: Any = None) -> None:
+        self._open: dict[int, tuple[str, int]] = {}  # sibling GPU -> (handle, base)
         self._lock = threading.Lock()
-        self._lib: ctypes.CDLL | None = None
+        self._lib = lib
 
     def open(self, h: CudaIpcHandle, device: int) -> int:
         """The address, in `device`'s context, of the allocation's byte h.offset."""
         with self._lock:
-            base = self._base.get(h.handle)
-            if base is None:
-                handle = _IpcHandle()
-                ctypes.memmove(ctypes.byref(handle), mem_handle(h), IPC_HANDLE_BYTES)
-                if self._lib is None:
-                    self._lib = _cudart()
-                ptr = ctypes.c_void_p()
-                self._lib.cudaSetDevice(device)  # the runtime torch runs on: already current
-                err = self._lib.cudaIpcOpenMemHandle(
-                    ctypes.byref(ptr), handle, _LAZY_ENABLE_PEER_ACCESS
-                )
-                if err != 0 or not ptr.value:
-                    raise KvRegionError(f"cudaIpcOpenMemHandle failed (cudaError {err})")
-                base = self._base[h.handle] = int(ptr.value)
-            return base + h.offset
+            held = self._open.get(h.device)
+            if held is not None and held[0] == h.handle:
+                return held[1] + h.offset
+            handle = _IpcHandle()
+            ctypes.memmove(ctypes.byref(handle), mem_handle(h), IPC_HANDLE_BYTES)
+            if self._lib is None:
+                self._lib = _cudart()
+            self._lib.cudaSetDevice(device)  # the runtime torch runs on: already current
+            if held is not None:
+                del self._open[h.device]
+                self._lib.cudaIpcCloseMemHandle(ctypes.c_void_p(held[1]))
+            ptr = ctypes.c_void_p()
+            lazy = _LAZY_ENABLE_PEER_ACCESS
+            err = self._lib.cudaIpcOpenMemHandle(ctypes.byref(ptr), handle, lazy)
+            if err != 0 or not ptr.value:
+                raise KvRegionError(f"cudaIpcOpenMemHandle failed (cudaError {err})")
+            self._open[h.device] = (h.handle, int(ptr.value))
+            return int(ptr.value) + h.offset
 
     def close(self) -> None:
         with self._lock:
             if self._lib is not None:
-                for base in self._base.values():
+                for _, base in self._open.values():
                     self._lib.cudaIpcCloseMemHandle(ctypes.c_void_p(base))
-            self._base.clear()
+            self._open.clear()
