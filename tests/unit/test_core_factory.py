@@ -5,10 +5,15 @@ HTTP side."""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
+
+import pytest
 
 from tests.configs import resolve_args
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
+from trtllm_gateway.engine.builtin.core_launch import build_core
 from trtllm_gateway.engine.factory import create_engine
 from trtllm_gateway.engine.transport.client import CoreClient
 from trtllm_gateway.engine.transport.inproc import ThreadLauncher
@@ -45,7 +50,30 @@ def test_the_core_process_gets_no_keys_and_no_cors() -> None:
     core_config = pickle.loads(payload).args[0]
     assert isinstance(core_config, BuiltinConfig)
     assert core_config.engine.served_model_name == "m" and core_config.encoders is None
-    assert launcher.factory.func is EngineCore
+    assert launcher.factory.func is build_core
+
+
+def test_an_api_server_imports_no_core_module() -> None:
+    """Creating the engine in an API server leaves torch and the core's module unimported: the
+    core process imports them (each API server once did too, 2.7-4.4 s of a start here)."""
+    code = (
+        "import sys\n"
+        "from tests.configs import resolve_args\n"
+        "from trtllm_gateway.engine.factory import create_engine\n"
+        "create_engine(resolve_args('--engine-process'))\n"
+        "heavy = [m for m in ('torch', 'trtllm_gateway.engine.builtin.core', 'llguidance')"
+        " if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_factory_builds_the_core_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[BuiltinConfig] = []
+    monkeypatch.setattr(EngineCore, "__init__", lambda self, config: built.append(config))
+    payload, _ = _factory_bytes()
+    core = pickle.loads(payload)()
+    assert isinstance(core, EngineCore) and built and built[0].engine.served_model_name == "m"
 
 
 def test_encode_siblings_get_the_internal_key() -> None:

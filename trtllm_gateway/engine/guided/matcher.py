@@ -13,8 +13,6 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-import llguidance
-import llguidance.hf
 import numpy as np
 import torch
 from llguidance import LLMatcher, LLTokenizer
@@ -41,7 +39,8 @@ class GuidedFactory:
             if self._tokenizer is None:
                 if self.model_dir is None:
                     raise InvalidRequestError("guided decoding needs the model's tokenizer")
-                from transformers import PreTrainedTokenizerFast
+                import llguidance.hf  # imports transformers: at the first grammar, not the
+                from transformers import PreTrainedTokenizerFast  # core's start (0.9 s there)
 
                 hf = PreTrainedTokenizerFast.from_pretrained(
                     str(self.model_dir), local_files_only=True
