@@ -91,7 +91,7 @@ async def test_sibling_grammars_meet_the_public_bounds(
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"kv_transport": "nixl"}, "kv_transport"), ({"protocol_version": 1}, "protocol_version")],
+    [({"kv_transport": "rdma"}, "kv_transport"), ({"protocol_version": 1}, "protocol_version")],
 )
 async def test_hostile_v2_prefill_body(
     client: httpx.AsyncClient, extra: dict[str, Any], param: str
