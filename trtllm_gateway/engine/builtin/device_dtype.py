@@ -9,9 +9,18 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def pick_device(name: str) -> torch.device:
+    """A CUDA device always with its index ("cuda" is the current one): torch.cuda.set_device
+    refuses a bare "cuda", and the KV transfer thread sets its device at its start."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return with_index(torch.device(name))
+
+
+def with_index(device: torch.device) -> torch.device:
+    """cuda -> cuda:N, N the current device; any other device as it is."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def pick_dtype(name: str, device: torch.device, quantization: str | None = None) -> torch.dtype:

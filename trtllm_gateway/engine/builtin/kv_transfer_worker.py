@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from trtllm_gateway.engine.builtin.backend import KvCaches
+from trtllm_gateway.engine.builtin.device_dtype import with_index
 from trtllm_gateway.engine.builtin.kv_across import AcrossReader, DevicePool
 from trtllm_gateway.engine.builtin.kv_staging import (
     DeviceArena,
@@ -92,7 +93,7 @@ class KvTransferWorker:
     ) -> None:
         self.caches = caches
         self.block_size = block_size
-        self.device = device
+        self.device = with_index(device)  # the thread's set_device refuses a bare "cuda"
         self.kv_layout = kv_layout
         self.arena_bytes = arena_bytes
         self.lease_s = lease_s
@@ -104,7 +105,7 @@ class KvTransferWorker:
         self._done: queue.SimpleQueue[Staged | Loaded] = queue.SimpleQueue()
         self._cuda = device.type == "cuda"
         self.sources = Sources(pin=self._cuda)
-        self._stream = torch.cuda.Stream(device) if self._cuda else None  # type: ignore[no-untyped-call]
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None  # type: ignore[no-untyped-call]
         self._pool: DevicePool | None = None  # shared at the first paged hand-off
         self._pool_tried = False
         self._across: AcrossReader | None = None  # made at the first paged load
