@@ -28,6 +28,7 @@ from bench.offline import parser as offline_parser
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
 from trtllm_gateway.engine.protocol import SamplingParams
+from trtllm_gateway.engine.transport.loop import settle_heap
 from trtllm_gateway.engine.transport.messages import Add, encode
 
 
@@ -95,6 +96,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
 
     core = EngineCore(BuiltinConfig(engine_config_from(args)))
     core.load(lambda detail: None)
+    settle_heap()  # as a core in its own process does after its load
     add_all(core, args)
     counts: dict[str, int] = {}
     t0 = time.perf_counter()

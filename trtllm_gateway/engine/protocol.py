@@ -156,9 +156,13 @@ class Timings:
     decode_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenEvent:
-    """New tokens since the previous event; the last event has finish_reason and usage set."""
+    """New tokens since the previous event; the last event has finish_reason and usage set.
+
+    Not frozen, though nobody writes one after it is made: an engine core makes one per running
+    request per step, and a frozen dataclass's __init__ (object.__setattr__ per field) took
+    2.3 us against 0.46 us, ~0.5 ms of a 256-request step (issue 39, item 2)."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] | None = None

@@ -73,6 +73,8 @@ class KvHandoffs:
 
     def stage_finished(self, events: Emitted) -> Emitted:
         """A step's events, less the final events of context phases now being staged."""
+        if not self.st.handoffs:
+            return events  # no context phase held: nothing of this step to stage
         out: Emitted = []
         for request_id, ev in events:
             final = isinstance(ev, TokenEvent) and ev.finish_reason is not None

@@ -57,7 +57,13 @@ class Outcomes:
         """r's token is already the last of seq.token_ids: stop checks, then its event."""
         if seq.first_token is None:
             seq.first_token = now
-        reason = self.finish_reason(seq, r.token_id)
+        token = r.token_id
+        reason = self.finish_reason(seq, token)
+        if reason is None and seq.first_event_sent and seq.guided is None:
+            # The per-token hot path (most rows of most steps): positional is cheapest.
+            lp = r.logprob
+            events.append((seq.request_id, TokenEvent((token,), None if lp is None else (lp,))))
+            return
         g = seq.guided
         if reason is None and g is not None:
             g.sync(seq.token_ids, seq.prompt_len)
@@ -82,13 +88,14 @@ class Outcomes:
 
     def finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         sp = seq.sampling
-        if token in sp.stop_token_ids and seq.output_len >= sp.min_tokens:
+        num_tokens = len(seq.token_ids)
+        output_len = num_tokens - seq.prompt_len
+        if (token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos)) and (
+            output_len >= sp.min_tokens
+        ):
             seq.stop_token_id = token
             return "stop"
-        if not sp.ignore_eos and token in self.eos and seq.output_len >= sp.min_tokens:
-            seq.stop_token_id = token
-            return "stop"
-        if seq.output_len >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+        if output_len >= sp.max_tokens or num_tokens >= self.max_model_len:
             return "length"
         return None
 

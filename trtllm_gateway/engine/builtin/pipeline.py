@@ -29,10 +29,11 @@ from trtllm_gateway.engine.builtin.backend import Backend
 from trtllm_gateway.engine.builtin.outcomes import Emitted, Outcomes
 from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler, row_failure
 from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, Scheduler
-from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.builtin.sequence import Sequence, Status
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.step_failure import is_fatal, step_failed
 
+FINISHED = Status.FINISHED
 DEPTHS = (0, 1)  # a placeholder names a row of the previous step's samples only
 
 
@@ -45,19 +46,13 @@ class _Launched:
 def _reads_history(seq: Sequence) -> bool:
     """Penalties and logits processors read the token history, and a constraint's mask needs
     its previous token."""
-    sp = seq.sampling
-    return bool(
-        sp.repetition_penalty != 1.0
-        or sp.presence_penalty
-        or sp.frequency_penalty
-        or seq.guided is not None
-        or seq.logits_bound
-    )
+    return seq.penalized or seq.guided is not None or bool(seq.logits_bound)
 
 
 def _unresolved(seq: Sequence) -> bool:
     """Still waits for its token: neither stopped nor aborted since the step was launched."""
-    return not seq.is_finished and bool(seq.token_ids) and seq.token_ids[-1] < 0
+    toks = seq.token_ids
+    return seq.status is not FINISHED and bool(toks) and toks[-1] < 0
 
 
 class StepPipeline:
@@ -97,10 +92,10 @@ class StepPipeline:
                 raise
             return events + self._fail(chunks, e)
         events += self._resolve()  # depth 1: the step before, while the device runs this one
-        self.scheduler.commit([c for c in chunks if not c.seq.is_finished])
+        self.scheduler.commit([c for c in chunks if c.seq.status is not FINISHED])
         if launched is not None:
             for row, seq in enumerate(launched.seqs):
-                if not seq.is_finished:
+                if seq.status is not FINISHED:
                     seq.token_ids.append(-(row + 1))
             self.inflight = launched
             if self.depth == 0:
@@ -141,14 +136,16 @@ class StepPipeline:
                 self.forget(seq)
             return self.outcomes.fail(live, step_failed(e, len(live)))
         now = time.perf_counter()
+        accept = self.outcomes.accept
         for seq, r in zip(launched.seqs, results, strict=True):
-            if not _unresolved(seq):
+            toks = seq.token_ids
+            if seq.status is FINISHED or not toks or toks[-1] >= 0:
                 continue  # stopped or aborted while this step ran
             if r.error is not None:
                 self.forget(seq)
                 why = f"sampling failed: {r.error}"
                 events += self.outcomes.fail([seq], row_failure(seq, why, r.internal))
                 continue
-            seq.token_ids[-1] = r.token_id
-            self.outcomes.accept(seq, r, now, events)
+            toks[-1] = r.token_id
+            accept(seq, r, now, events)
         return events

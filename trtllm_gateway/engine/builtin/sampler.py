@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from trtllm_gateway.engine.builtin.sample_keys import row_keys
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.guided.compile import DEFAULT_PARAMS
 from trtllm_gateway.engine.guided.matcher import RowMatcher, apply_bitmask, fill_bitmask
@@ -127,6 +129,8 @@ class PendingSample:
         if self.ready is not None:
             self.ready.synchronize()
         tokens = self.host.tolist()
+        if not self.failed and self.raw_logprobs is None:
+            return [SampleResult(token, None) for token in tokens]
         results = []
         for i, token in enumerate(tokens):
             if i in self.failed:
@@ -160,6 +164,8 @@ class Sampler:
         rows: list[int] = []
         for i, seq in enumerate(seqs):
             g = seq.guided
+            if g is None and not failed and not _needs_processing(seq):
+                continue  # most rows: nothing to adjust
             if i in failed:
                 logits[i] = 0.0
                 continue
@@ -210,22 +216,28 @@ def _draw_on_device(
     logits: torch.Tensor, seqs: list[Sequence], failed: dict[int, str]
 ) -> torch.Tensor:
     """CUDA: every row in one kernel (greedy or Gumbel-max), Philox noise keyed by (seed, step)."""
-    from trtllm_gateway.engine.builtin.kernels.sampling import row_key, sample
+    from trtllm_gateway.engine.builtin.kernels.sampling import sample
 
-    temps: list[float] = []
-    keys: list[int] = []
-    for i, seq in enumerate(seqs):
-        sp = seq.sampling
-        greedy = _is_greedy(seq) or i in failed
-        temp = 0.0 if greedy else sp.temperature
-        if not greedy and (sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0):
-            logits[i] = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
-            temp = 1.0
-        temps.append(temp)
-        keys.append(row_key(seq.generator.initial_seed(), seq.output_len))
+    n = len(seqs)
+    temps = np.zeros(n, dtype=np.float32)
+    keys = np.zeros(n, dtype=np.int64)  # a greedy row's key is never read
+    drawn = [i for i, seq in enumerate(seqs) if not seq.greedy and i not in failed]
+    if drawn:
+        for i in drawn:
+            seq = seqs[i]
+            sp = seq.sampling
+            temps[i] = sp.temperature
+            if sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0:
+                logits[i] = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
+                temps[i] = 1.0
+        seeds = np.fromiter((seqs[i].seed for i in drawn), np.uint64, len(drawn))
+        steps = np.fromiter(
+            (len(seqs[i].token_ids) - seqs[i].prompt_len for i in drawn), np.uint64, len(drawn)
+        )
+        keys[drawn] = row_keys(seeds, steps)
     dev = logits.device
-    t_temps = torch.tensor(temps, dtype=torch.float32, pin_memory=True).to(dev, non_blocking=True)
-    t_keys = torch.tensor(keys, dtype=torch.int64, pin_memory=True).to(dev, non_blocking=True)
+    t_temps = torch.from_numpy(temps).pin_memory().to(dev, non_blocking=True)
+    t_keys = torch.from_numpy(keys).pin_memory().to(dev, non_blocking=True)
     return sample(logits, t_temps, t_keys)
 
 
@@ -235,7 +247,7 @@ def _draw_on_host(
     """CPU: greedy rows by argmax, the others from their own seeded torch.Generator."""
     token_ids = logits.argmax(-1)
     for i, seq in enumerate(seqs):
-        if i in failed or _is_greedy(seq):
+        if i in failed or seq.greedy:
             continue
         sp = seq.sampling
         row = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
@@ -255,15 +267,8 @@ def _apply_processors(logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, s
 
 
 def _needs_processing(seq: Sequence) -> bool:
-    sp = seq.sampling
-    return bool(
-        sp.repetition_penalty != 1.0
-        or sp.presence_penalty
-        or sp.frequency_penalty
-        or sp.logit_bias
-        or sp.allowed_token_ids is not None
-        or seq.output_len < sp.min_tokens
-    )
+    """Penalties, logit_bias, allowed ids (seq.row_rules), or min_tokens not reached yet."""
+    return seq.row_rules or len(seq.token_ids) - seq.prompt_len < seq.sampling.min_tokens
 
 
 # resolve() waits on a blocking-sync event (cudaEventBlockingSync): the core's thread sleeps until
@@ -271,11 +276,6 @@ def _needs_processing(seq: Sequence) -> bool:
 # core process at 100% of a core whatever its host work was (issue 39, item 2). bench.offline
 # --spin-wait sets it False for the A/B.
 BLOCKING_WAIT = True
-SAMPLING_EPS = 1e-5  # temperatures below this sample greedily, as in vLLM
-
-
-def _is_greedy(seq: Sequence) -> bool:
-    return seq.sampling.temperature < SAMPLING_EPS or seq.sampling.top_k == 1
 
 
 def logprob_entry(lp_row: torch.Tensor, token: int, k: int) -> TokenLogprob:

@@ -59,15 +59,19 @@ class Scheduler:
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.max_num_tokens
         chunks: list[ScheduledChunk] = []
+        bs = self.blocks.block_size
+        running = Status.RUNNING
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not Status.RUNNING:
+            if seq.status is not running:
                 continue  # preempted earlier in this loop
-            n = min(seq.num_tokens - seq.num_computed, budget)
-            if not self._grow(seq, seq.num_computed + n):
+            done = seq.num_computed
+            n = min(len(seq.token_ids) - done, budget)
+            # _grow only when the chunk runs past the blocks it has (a decode: once a block).
+            if done + n > len(seq.block_table) * bs and not self._grow(seq, done + n):
                 continue  # seq itself was preempted
-            chunks.append(ScheduledChunk(seq, seq.num_computed, n))
+            chunks.append(ScheduledChunk(seq, done, n))
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
@@ -176,10 +180,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def commit(self, chunks: list[ScheduledChunk]) -> None:
-        """After the forward pass: advance progress and publish newly full blocks."""
+        """After the forward pass: advance progress and publish newly full blocks (a chunk that
+        fills none has nothing to publish: its hashes wait for the step that fills its block)."""
+        bs = self.blocks.block_size
+        caching = self.blocks.caching
         for c in chunks:
-            c.seq.num_computed = c.start + c.length
-            self._publish(c.seq, c.start)
+            end = c.seq.num_computed = c.start + c.length
+            if caching and c.start // bs != end // bs:
+                self._publish(c.seq, c.start)
 
     def _publish(self, seq: Sequence, start: int) -> None:
         """Register the blocks filled since token `start` in the prefix cache."""

@@ -35,11 +35,25 @@ def _padded(tables: list[np.ndarray]) -> np.ndarray:
         return _NO_ROWS
     if len(tables) == 1 and len(tables[0]):
         return tables[0].reshape(1, -1)  # a view of the sequence's cached array: never written
-    width = max(len(t) for t in tables) or 1
-    out = np.zeros((len(tables), width), dtype=np.int32)
-    for i, t in enumerate(tables):
-        out[i, : len(t)] = t
+    lens = np.fromiter(map(len, tables), np.int64, len(tables))
+    out = np.zeros((len(tables), max(int(lens.max()), 1)), dtype=np.int32)
+    # One masked store, not a Python store a row (256 rows: ~0.3 ms on a slow core).
+    out[np.arange(out.shape[1]) < lens[:, None]] = np.concatenate(tables)
     return out
+
+
+def _extras(
+    c: ScheduledChunk,
+    row: int,
+    prompt_lps: list[tuple[ScheduledChunk, int]],
+    images: list[ImageRows],
+) -> None:
+    """The chunk's prompt logprobs (still wanted) and the image rows it covers, if any."""
+    seq = c.seq
+    if seq.sampling.prompt_logprobs is not None and not seq.prompt_logprobs_done:
+        prompt_lps.append((c, row))
+    if seq.images:
+        images += image_rows(seq.images, c.start, c.length, row)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,29 +96,35 @@ class StepBatch:
         prompt_lps: list[tuple[ScheduledChunk, int]] = []
         images: list[ImageRows] = []
         for c in ordered:
-            seq, row, end = c.seq, len(ids), c.start + c.length
-            table = seq.block_table_array()
-            ids += seq.token_ids[c.start : end]
+            seq, start = c.seq, c.start
+            row, end = len(ids), start + c.length
+            toks = seq.token_ids
             if c.length == 1:  # plain ints: a decode step of a few rows stays cheap
-                p = c.start
-                pos.append(p)
-                slots.append(seq.block_table[p // bs] * bs + p % bs)
-                d_tables.append(table)
-            else:
-                r = np.arange(c.start, end)
-                pos += r.tolist()
-                slots += (table[r // bs].astype(np.int64) * bs + r % bs).tolist()
-                p_tables.append(table)
-                p_start.append(row)
-                p_len.append(c.length)
-                p_ctx.append(end)
-            if c.samples:
-                rows.append(row + c.length - 1)
+                ids.append(toks[start])
+                pos.append(start)
+                slots.append(seq.block_table[start // bs] * bs + start % bs)
+                d_tables.append(seq.block_table_array())
+                if end == len(toks):
+                    rows.append(row)
+                    sample_seqs.append(seq)
+                if seq.images or (
+                    seq.sampling.prompt_logprobs is not None and not seq.prompt_logprobs_done
+                ):
+                    _extras(c, row, prompt_lps, images)
+                continue
+            table = seq.block_table_array()
+            ids += toks[start:end]
+            r = np.arange(start, end)
+            pos += r.tolist()
+            slots += (table[r // bs].astype(np.int64) * bs + r % bs).tolist()
+            p_tables.append(table)
+            p_start.append(row)
+            p_len.append(c.length)
+            p_ctx.append(end)
+            if end == len(toks):
+                rows.append(end - 1 - start + row)
                 sample_seqs.append(seq)
-            if seq.sampling.prompt_logprobs is not None and not seq.prompt_logprobs_done:
-                prompt_lps.append((c, row))
-            if seq.images:
-                images += image_rows(seq.images, c.start, c.length, row)
+            _extras(c, row, prompt_lps, images)
         return cls(
             chunks=tuple(ordered),
             token_ids=np.asarray(ids, dtype=np.int64),

@@ -108,22 +108,23 @@ class TritonBackend:
         self, g: DecodeGraphs, bucket: int, batch: StepBatch, prev: torch.Tensor | None
     ) -> torch.Tensor:
         n = batch.num_decodes
-        ids_h = np.zeros(bucket, dtype=np.int64)
-        ids_h[:n] = batch.token_ids
-        pos_h = np.zeros(bucket, dtype=np.int64)
-        pos_h[:n] = batch.positions
-        slots_h = np.full(bucket, -1, dtype=np.int64)  # padding rows write no KV
-        slots_h[:n] = batch.slots
-        ctx_h = np.zeros(bucket, dtype=np.int32)  # ... and attend to nothing
-        ctx_h[:n] = pos_h[:n] + 1
-        bt = np.zeros((bucket, batch.decode_tables.shape[1]), dtype=np.int32)
-        bt[:n] = batch.decode_tables
+        w = batch.decode_tables.shape[1]
+        # Every input in one int32 array, one pinned upload (five cost ~5x the host time): ids,
+        # positions, slots (< 2^31: a slot per KV token), context lengths, block tables.
+        host = np.zeros(4 * bucket + bucket * w, dtype=np.int32)
+        host[:n] = batch.token_ids
+        host[bucket : bucket + n] = batch.positions
+        host[2 * bucket : 3 * bucket] = -1  # padding rows write no KV
+        host[2 * bucket : 2 * bucket + n] = batch.slots
+        host[3 * bucket : 3 * bucket + n] = batch.positions + 1  # ... and attend to nothing
+        host[4 * bucket :].reshape(bucket, w)[:n] = batch.decode_tables
+        dev = self._up(host, torch.int32)
         ids = g.input_ids[:bucket]
-        ids.copy_(self._up(ids_h, torch.long), non_blocking=True)
+        ids.copy_(dev[:bucket])
         if batch.placeholders:
             ids.copy_(resolve_placeholders(ids, prev))
-        g.positions[:bucket].copy_(self._up(pos_h, torch.long), non_blocking=True)
-        g.slots[:bucket].copy_(self._up(slots_h, torch.long), non_blocking=True)
-        g.ctx_lens[:bucket].copy_(self._up(ctx_h, torch.int32), non_blocking=True)
-        g.block_tables[:bucket, : bt.shape[1]].copy_(self._up(bt, torch.int32), non_blocking=True)
+        g.positions[:bucket].copy_(dev[bucket : 2 * bucket])
+        g.slots[:bucket].copy_(dev[2 * bucket : 3 * bucket])
+        g.ctx_lens[:bucket].copy_(dev[3 * bucket : 4 * bucket])
+        g.block_tables[:bucket, :w].copy_(dev[4 * bucket :].view(bucket, w))
         return g.replay(bucket)[:n]

@@ -12,15 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-_MASK64 = (1 << 64) - 1
-
-
-def row_key(seed: int, step: int) -> int:
-    """splitmix64 of (seed, step), folded to a non-negative int63 (Philox takes it as the seed)."""
-    z = (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) >> 1
+from trtllm_gateway.engine.builtin.sample_keys import row_key as row_key
 
 
 @triton.jit

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# A/B of two source trees served on one GPU, rounds interleaved: the 135M shape (dummy weights),
+# NUM requests of LEN/LEN at concurrency 256, one token per chunk, --api-server-count N.
+# Run on the device from the repository root, with the other tree carried beside it:
+#   git worktree add .basetree <commit>        # here; carry [".whl", ".basetree"]
+#   BASE=.basetree ROUNDS=2 API_SERVERS=4 bash bench/ab_serve.sh      # there
+# One line per run (tree, output tok/s, the core's main thread %); the median of the pairwise
+# ratios (this tree over BASE) at the end. Logs under $OUT/ab.
+set -u
+BASE=${BASE:-.basetree}
+ROUNDS=${ROUNDS:-2}
+API_SERVERS=${API_SERVERS:-4}
+NUM=${NUM:-512}
+LEN=${LEN:-1024}
+MODEL=${MODEL:-trtllm_gateway/config/models/smollm2-135m.json}
+TOK=${TOK:-.whl/tok}
+OUT=${OUT:-/tmp/out}
+PORT=8124
+URL=http://127.0.0.1:$PORT
+HERE=$(pwd)
+mkdir -p "$OUT/ab"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+one() {  # one TREE NAME: serve from TREE, load it from this tree, print one JSON line
+  local tree=$1 name=$2
+  (cd "$tree" && PYTHONPATH=/tmp/site:. exec python3 -m trtllm_gateway serve --model "$HERE/$MODEL" \
+    --load-format dummy --max-model-len 2304 --max-num-tokens 8192 --max-batch-size 256 \
+    --tokenizer "$HERE/$TOK" --port $PORT --api-server-count "$API_SERVERS" \
+    --log-level warning) > "$OUT/ab/server_$name.log" 2>&1 &
+  local server=$!
+  python3 -c "from bench.serve import wait_ready; wait_ready('$URL', 300)" || {
+    echo "{\"run\": \"$name\", \"error\": \"no start\"}"; kill $server; wait $server; return; }
+  timeout 300 python3 -m bench.serve --base-url $URL --num-prompts "$NUM" --input-len "$LEN" \
+    --output-len "$LEN" --max-concurrency 256 --workers 8 > "$OUT/ab/serve_$name.json" \
+    2> "$OUT/ab/serve_$name.err" &
+  local client=$!
+  python3 -m bench.proc_sample --pid $server --client-pid $client --metrics-url $URL/metrics \
+    > "$OUT/ab/samples_$name.jsonl" 2>/dev/null &
+  local sampler=$!
+  wait $client
+  local kids
+  kids=$(pgrep -P $server)
+  kill $sampler $server; wait $sampler $server 2>/dev/null
+  for _ in $(seq 60); do [[ -z "$kids" ]] || ! kill -0 $kids 2>/dev/null && break; sleep 0.5; done
+  python3 - "$name" "$tree" "$OUT/ab" <<'EOF'
+import json, sys
+from pathlib import Path
+from bench.proc_sample import summary
+name, tree, d = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+r = json.loads((d / f"serve_{name}.json").read_text())
+s = summary(d / f"samples_{name}.jsonl")
+print(json.dumps({"run": name, "tree": tree, "output_tok_s": round(r["output_throughput"]),
+                  "ok": r["completed"], "failed": r["failed"],
+                  "core_main_pct": s.get("core_main"), "core_cpu_pct": s.get("core_cpu")}))
+EOF
+}
+
+for r in $(seq "$ROUNDS"); do
+  one "$BASE" "base$r" | tee -a "$OUT/ab/runs.jsonl"
+  one . "new$r" | tee -a "$OUT/ab/runs.jsonl"
+done
+python3 - "$OUT/ab/runs.jsonl" <<'EOF'
+import json, statistics, sys
+runs = [json.loads(line) for line in open(sys.argv[1])]
+tok = {r["run"]: r.get("output_tok_s") for r in runs}
+ratios = [tok[f"new{i}"] / tok[f"base{i}"] for i in range(1, len(runs) // 2 + 1)
+          if tok.get(f"new{i}") and tok.get(f"base{i}")]
+if ratios:
+    print(f"new / base: median {statistics.median(ratios):.3f}, "
+          f"range {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} pairs")
+EOF
