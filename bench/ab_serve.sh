@@ -5,7 +5,8 @@
 #   git worktree add .basetree <commit>        # here; carry [".whl", ".basetree"]
 #   BASE=.basetree ROUNDS=2 API_SERVERS=4 bash bench/ab_serve.sh      # there
 # One line per run (tree, output tok/s, the core's main thread %); the median of the pairwise
-# ratios (this tree over BASE) at the end. Logs under $OUT/ab.
+# ratios (this tree over BASE) at the end. Logs under $OUT/ab. PYSPY=<py-spy binary>: 10 s of
+# the engine core's stacks mid-run (spy_core_<run>.txt); NEW_ONLY=1: this tree alone.
 set -u
 BASE=${BASE:-.basetree}
 ROUNDS=${ROUNDS:-2}
@@ -37,6 +38,13 @@ one() {  # one TREE NAME: serve from TREE, load it from this tree, print one JSO
   python3 -m bench.proc_sample --pid $server --client-pid $client --metrics-url $URL/metrics \
     > "$OUT/ab/samples_$name.jsonl" 2>/dev/null &
   local sampler=$!
+  if [[ -n "${PYSPY:-}" ]]; then
+    sleep "${SPY_AT:-8}"
+    local core
+    core=$(pgrep -P $server -f trtllm_gateway.engine.transport.process | head -1)
+    [[ -n "$core" ]] && "$PYSPY" record --pid "$core" --duration 10 --rate 100 --nonblocking \
+      --format raw -o "$OUT/ab/spy_core_$name.txt" > /dev/null 2>&1 &
+  fi
   wait $client
   local kids
   kids=$(pgrep -P $server)
@@ -56,7 +64,7 @@ EOF
 }
 
 for r in $(seq "$ROUNDS"); do
-  one "$BASE" "base$r" | tee -a "$OUT/ab/runs.jsonl"
+  [[ -n "${NEW_ONLY:-}" ]] || one "$BASE" "base$r" | tee -a "$OUT/ab/runs.jsonl"
   one . "new$r" | tee -a "$OUT/ab/runs.jsonl"
 done
 python3 - "$OUT/ab/runs.jsonl" <<'EOF'

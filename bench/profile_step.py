@@ -132,6 +132,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps,
         "step_period_ms_p50": statistics.median(periods) * 1e3,
         "step_period_ms_mean": wall / args.steps * 1e3,
+        "step_periods_ms": [round(p * 1e3, 3) for p in periods],
         "tokens_per_step": tokens / args.steps,
         "output_tok_s": tokens / wall,
         "thread_cpu_share": cpu / wall,

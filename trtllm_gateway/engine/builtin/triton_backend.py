@@ -23,6 +23,7 @@ from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits
 from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
 from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_tiles
 from trtllm_gateway.engine.builtin.model import LlamaModel
+from trtllm_gateway.engine.builtin.pinned_ring import PinnedRing
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.vision.placeholders import merge_images
 
@@ -46,6 +47,7 @@ class TritonBackend:
         self.device = device
         self.num_kv_heads = model.cfg.num_kv_heads
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self._staging = PinnedRing(device)
         model.ops = KernelOps(page)
         # Eager steps pick their split count per step: compile every variant now, not mid-serving.
         warm_up(*kv_caches[0], model.cfg.num_heads, model.embed_tokens.weight.dtype, page)
@@ -59,8 +61,7 @@ class TritonBackend:
             self.graphs.capture()
 
     def _up(self, data: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:
-        host = torch.as_tensor(np.asarray(data)).to(dtype).pin_memory()
-        return host.to(self.device, non_blocking=True)
+        return self._staging.upload(data, dtype)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
