@@ -68,7 +68,7 @@ class DevicePool:
         shape = (layers, two, tokens, *rest)
         dtype = str(self.pool.dtype)
         return KvRegion(
-            transport="cuda_ipc", arena=self.ipc.handle[:32], offset=self.offset,
+            transport=self.transport, arena=self.ipc.handle[:32], offset=self.offset,
             nbytes=nbytes_of(shape, dtype), shape=shape, dtype=dtype, kv_layout=self.layout,
             ipc=self.ipc, blocks=tuple(block_table[: -(-tokens // block_size)]),
             pool_slots=self.slots,

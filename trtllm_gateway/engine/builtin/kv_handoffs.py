@@ -86,7 +86,7 @@ class KvHandoffs:
             self._device.discard(request_id)
             if device:  # the blocks stay held in st.handoffs, under its lease
                 held = self.st.handoffs[request_id][0]
-                paged = self.worker.pool_region(request_id, held.block_table, held.prompt_len)
+                paged = self.worker.pool_region(held.block_table, held.prompt_len)
                 if paged is not None:
                     self.staged[request_id] = paged
                     out.append((request_id, ev))

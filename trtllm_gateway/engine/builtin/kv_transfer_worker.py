@@ -135,9 +135,7 @@ class KvTransferWorker:
         self.handoff_s.append(time.perf_counter() - t0)
         return ""
 
-    def pool_region(
-        self, request_id: str, block_table: list[int], num_tokens: int
-    ) -> KvRegion | None:
+    def pool_region(self, block_table: list[int], num_tokens: int) -> KvRegion | None:
         """A paged region of the prompt's blocks in this core's shared pool (the caller holds
         the blocks until the sibling is done), or None when the pool cannot be shared."""
         t0 = time.perf_counter()
