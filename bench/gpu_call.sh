@@ -35,6 +35,19 @@ for what in "$@"; do
         --log-dir /tmp/disagg-logs --out "$OUT/disagg.json" > "$OUT/disagg.log" 2>&1
       echo "disagg rc=$?"; tail -8 "$OUT/disagg.log"
       tar czf "$OUT/disagg-logs.tgz" -C /tmp disagg-logs ;;
+    hoststep)
+      # The core's host time a step (bench/host_step.py, a one-layer model on the GPU) for this
+      # tree and, when carried, the base tree (BASE, default .basetree), rounds interleaved.
+      BASE=${BASE:-.basetree}
+      [[ -d "$BASE/bench" ]] && cp bench/host_step.py "$BASE/bench/"
+      for r in $(seq "${HOST_ROUNDS:-3}"); do
+        for tree in "$BASE" .; do
+          [[ -d "$tree/trtllm_gateway" ]] || continue
+          (cd "$tree" && timeout 200 python3 -m bench.host_step --device cuda \
+            --tokenizer "$OLDPWD/.whl/tok" --running "${RUNNING:-256}") 2>> "$OUT/host_step.err" \
+            | sed "s|^|$tree round $r: |" | tee -a "$OUT/host_step.txt"
+        done
+      done ;;
     *) echo "unknown step $what" ;;
   esac
 done

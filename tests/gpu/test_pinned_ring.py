@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trtllm_gateway.engine.builtin.pinned_ring import PinnedRing
+from trtllm_gateway.engine.builtin.pinned_ring import HostSlots, PinnedRing
 
 
 def test_uploads_land_intact_while_the_gpu_is_behind() -> None:
@@ -35,3 +35,22 @@ def test_dtypes_shapes_and_empty() -> None:
     assert ring.upload(np.array([1.5, -2.0]), torch.float32).cpu().tolist() == [1.5, -2.0]
     empty = ring.upload(np.zeros((0, 1), dtype=np.int32), torch.int32)
     assert empty.shape == (0, 1) and empty.is_cuda
+
+
+def test_downloads_reuse_their_buffers_only_after_the_copy_ran() -> None:
+    """HostSlots: with two buffers and the stream held up, the third download waits for the
+    first copy before writing that buffer again; each reader sees its own values."""
+    slots = HostSlots(slots=2)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]
+    srcs = [torch.full((n,), i, dtype=torch.long, device=dev) for i, n in enumerate([7, 300])]
+    events = [torch.cuda.Event() for _ in srcs]  # type: ignore[no-untyped-call]
+    hosts = [slots.download(s, e) for s, e in zip(srcs, events, strict=True)]
+    for i, (h, e) in enumerate(zip(hosts, events, strict=True)):
+        e.synchronize()
+        assert h.is_pinned() and h.tolist() == [i] * h.numel()
+    for i in range(2, 6):
+        e = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        h = slots.download(torch.full((5 * i,), i, dtype=torch.long, device=dev), e)
+        e.synchronize()
+        assert h.tolist() == [i] * (5 * i)

@@ -25,7 +25,7 @@ from tests.unit.test_stepper import (
     seq_for,
     tiny_model,
 )
-from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler, SampleResult
+from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.step_failure import is_fatal
@@ -56,7 +56,7 @@ class FailOnce:
 class RaisingPending(PendingSample):
     error: BaseException | None = None
 
-    def resolve(self) -> list[SampleResult]:
+    def tokens(self) -> list[int]:  # the wait for the ids, under resolve() and on its own
         assert self.error is not None
         raise self.error
 

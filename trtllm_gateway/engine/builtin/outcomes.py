@@ -12,7 +12,7 @@ import time
 
 from trtllm_gateway.engine.builtin.sampler import SampleResult, row_failure
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
-from trtllm_gateway.engine.builtin.sequence import Sequence
+from trtllm_gateway.engine.builtin.sequence import Sequence, Status
 from trtllm_gateway.engine.protocol import (
     EngineError,
     FinishReason,
@@ -23,6 +23,7 @@ from trtllm_gateway.engine.protocol import (
 )
 
 Emitted = list[tuple[str, TokenEvent | BaseException]]
+FINISHED = Status.FINISHED
 
 
 class Outcomes:
@@ -53,6 +54,23 @@ class Outcomes:
             self.scheduler.finish(seq)
         return [(seq.request_id, error) for seq in seqs]
 
+    def accept_tokens(
+        self, seqs: list[Sequence], tokens: list[int], now: float, events: Emitted
+    ) -> None:
+        """A step's tokens with no logprobs and no failed row, one per sequence: each replaces
+        its sequence's placeholder, then accept(). A streaming row (most rows of most steps)
+        that goes on takes the fast path: two checks and its event, no call."""
+        append = events.append
+        for seq, token in zip(seqs, tokens, strict=True):
+            toks = seq.token_ids
+            if seq.status is FINISHED or not toks or toks[-1] >= 0:
+                continue  # stopped or aborted while its step ran
+            toks[-1] = token
+            if seq.streaming and len(toks) < seq.end_len and token not in seq.stop_ids:
+                append((seq.request_id, TokenEvent((token,))))
+                continue
+            self.accept(seq, SampleResult(token, None), now, events)
+
     def accept(self, seq: Sequence, r: SampleResult, now: float, events: Emitted) -> None:
         """r's token is already the last of seq.token_ids: stop checks, then its event."""
         if seq.first_token is None:
@@ -63,6 +81,8 @@ class Outcomes:
             # The per-token hot path (most rows of most steps): positional is cheapest.
             lp = r.logprob
             events.append((seq.request_id, TokenEvent((token,), None if lp is None else (lp,))))
+            if seq.plain and not seq.streaming:
+                self._stream(seq)
             return
         g = seq.guided
         if reason is None and g is not None:
@@ -85,6 +105,15 @@ class Outcomes:
             events.append((seq.request_id, self.final_event(seq, reason, (r.token_id,), lps)))
             return
         events.append((seq.request_id, self.event(seq, (r.token_id,), lps)))
+
+    def _stream(self, seq: Sequence) -> None:
+        """accept_tokens' fast path for this row from now on: finish_reason folded into a set
+        and a length (a plain row has min_tokens 0, so any stop id stops it)."""
+        sp = seq.sampling
+        stop = set(sp.stop_token_ids) if sp.ignore_eos else {*sp.stop_token_ids, *self.eos}
+        seq.stop_ids = frozenset(stop)
+        seq.end_len = min(seq.prompt_len + sp.max_tokens, self.max_model_len)
+        seq.streaming = True
 
     def finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         sp = seq.sampling

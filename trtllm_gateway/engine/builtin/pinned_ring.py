@@ -16,6 +16,8 @@ import torch
 _NUMPY: dict[torch.dtype, np.dtype] = {
     torch.long: np.dtype(np.int64),
     torch.int32: np.dtype(np.int32),
+    torch.uint8: np.dtype(np.uint8),
+    torch.float32: np.dtype(np.float32),
 }
 
 
@@ -53,3 +55,35 @@ class PinnedRing:
         done.record()
         self._read[i] = done
         return out
+
+
+class HostSlots:
+    """Pinned host buffers for a step's results copied down, reused round robin: a sampled
+    step's ids took a fresh `pin_memory` block each step (issue 39, item 2). A buffer is handed
+    out again `slots` downloads later, after the copy into it has run (its event); its reader
+    must be done with it by then: the step pipeline reads a step's ids one step later."""
+
+    def __init__(self, slots: int = 8) -> None:
+        self._bufs: list[torch.Tensor | None] = [None] * slots
+        self._done: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+
+    def download(self, src: torch.Tensor, done: torch.cuda.Event) -> torch.Tensor:
+        """A pinned host copy of src, queued on the current stream; `done` is recorded after
+        it (the caller waits on it before reading)."""
+        i = self._next
+        self._next = (i + 1) % len(self._bufs)
+        prev = self._done[i]
+        if prev is not None:
+            prev.synchronize()
+        nbytes = src.numel() * src.element_size()
+        buf = self._bufs[i]
+        if buf is None or buf.numel() < nbytes:
+            buf = self._bufs[i] = torch.empty(
+                max(2 * nbytes, 1 << 12), dtype=torch.uint8, pin_memory=True
+            )
+        host = buf[:nbytes].view(src.dtype).view(src.shape)
+        host.copy_(src, non_blocking=True)
+        done.record()
+        self._done[i] = done
+        return host

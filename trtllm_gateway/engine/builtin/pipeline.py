@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from trtllm_gateway.engine.builtin.backend import Backend
+from trtllm_gateway.engine.builtin.decode_tables import DecodeTables
 from trtllm_gateway.engine.builtin.outcomes import Emitted, Outcomes
 from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler, row_failure
 from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, Scheduler
@@ -41,6 +42,7 @@ DEPTHS = (0, 1)  # a placeholder names a row of the previous step's samples only
 class _Launched:
     seqs: list[Sequence]
     pending: PendingSample
+    reads_history: bool  # a row needs the step resolved before the next one samples it
 
 
 def _reads_history(seq: Sequence) -> bool:
@@ -72,6 +74,7 @@ class StepPipeline:
         self.outcomes = outcomes
         self.depth = depth
         self.inflight: _Launched | None = None
+        self.tables = DecodeTables()  # the decode rows' block tables, kept across steps
 
     def forget(self, seq: Sequence) -> None:
         """An aborted sequence: drop its unresolved placeholder so its usage counts stay right."""
@@ -80,7 +83,7 @@ class StepPipeline:
 
     def step(self) -> Emitted:
         events: Emitted = []
-        if self.inflight is not None and any(_reads_history(s) for s in self.inflight.seqs):
+        if self.inflight is not None and self.inflight.reads_history:
             events += self._resolve()
         chunks = self.scheduler.schedule()
         if not chunks:
@@ -104,13 +107,14 @@ class StepPipeline:
 
     def _launch(self, chunks: list[ScheduledChunk]) -> _Launched | None:
         """Pack, forward, sample; None when no chunk of the step samples."""
-        batch = StepBatch.build(chunks, self.scheduler.blocks.block_size)
+        batch = StepBatch.build(chunks, self.scheduler.blocks.block_size, self.tables)
         prev = self.inflight.pending.token_ids if self.inflight is not None else None
         logits = self.backend.forward(batch, prev)
         if not batch.sample_seqs:
             return None
         seqs = list(batch.sample_seqs)
-        return _Launched(seqs, self.sampler.sample(logits, seqs))
+        history = any(_reads_history(s) for s in seqs if not s.plain)
+        return _Launched(seqs, self.sampler.sample(logits, seqs), history)
 
     def _fail(self, chunks: list[ScheduledChunk], exc: Exception) -> Emitted:
         """The step in flight is good: resolve it; then fail the requests of the one that
@@ -126,8 +130,15 @@ class StepPipeline:
         events: Emitted = []
         if launched is None:
             return events
+        pending = launched.pending
+        bare = pending.bare  # most steps: no logprobs, no failed row
+        tokens: list[int] = []
+        results = []
         try:
-            results = launched.pending.resolve()
+            if bare:
+                tokens = pending.tokens()
+            else:
+                results = pending.resolve()
         except Exception as e:  # the same rule as a launch's failure
             if is_fatal(e):
                 raise
@@ -136,6 +147,9 @@ class StepPipeline:
                 self.forget(seq)
             return self.outcomes.fail(live, step_failed(e, len(live)))
         now = time.perf_counter()
+        if bare:
+            self.outcomes.accept_tokens(launched.seqs, tokens, now, events)
+            return events
         accept = self.outcomes.accept
         for seq, r in zip(launched.seqs, results, strict=True):
             toks = seq.token_ids

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from trtllm_gateway.engine.builtin.pinned_ring import HostSlots, PinnedRing
 from trtllm_gateway.engine.builtin.sample_keys import row_keys
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.guided.compile import DEFAULT_PARAMS
@@ -125,11 +126,20 @@ class PendingSample:
     failed: dict[int, str] = field(default_factory=dict)  # row -> why
     internal: set[int] = field(default_factory=set)  # failed rows that are the engine's fault
 
-    def resolve(self) -> list[SampleResult]:
+    @property
+    def bare(self) -> bool:
+        """Tokens only: no row failed and none asked for logprobs (tokens() says it all)."""
+        return not self.failed and self.raw_logprobs is None
+
+    def tokens(self) -> list[int]:
+        """The sampled ids, once they are on the host."""
         if self.ready is not None:
             self.ready.synchronize()
-        tokens = self.host.tolist()
-        if not self.failed and self.raw_logprobs is None:
+        return self.host.tolist()
+
+    def resolve(self) -> list[SampleResult]:
+        tokens = self.tokens()
+        if self.bare:
             return [SampleResult(token, None) for token in tokens]
         results = []
         for i, token in enumerate(tokens):
@@ -147,6 +157,8 @@ class PendingSample:
 class Sampler:
     def __init__(self, eos_token_ids: tuple[int, ...]) -> None:
         self.eos = eos_token_ids
+        self._up: PinnedRing | None = None  # CUDA: temperatures and keys go up through it
+        self._down = HostSlots()  # ... and the sampled ids come down into these
 
     @torch.inference_mode()
     def prepare(
@@ -158,14 +170,16 @@ class Sampler:
         raised (the engine's fault); their logits are left harmless (zeros) and their tokens
         must be ignored. Nothing a single request asks for fails another row.
         """
-        failed = _apply_processors(logits, seqs)
+        special = [i for i, s in enumerate(seqs) if not s.plain]  # most rows: nothing to do
+        failed = _apply_processors(logits, seqs, [seqs[i] for i in special])
         internal = set(failed)
         masked: list[RowMatcher] = []
         rows: list[int] = []
-        for i, seq in enumerate(seqs):
+        for i in special:
+            seq = seqs[i]
             g = seq.guided
-            if g is None and not failed and not _needs_processing(seq):
-                continue  # most rows: nothing to adjust
+            if g is None and i not in failed and not _needs_processing(seq):
+                continue
             if i in failed:
                 logits[i] = 0.0
                 continue
@@ -197,30 +211,32 @@ class Sampler:
         placeholders before such steps). A failed row samples from zeroed logits (token 0, a
         valid id for a step already scheduled behind it) and resolves to its error.
         """
-        want_lp = any(s.sampling.logprobs is not None for s in seqs)
+        want_lp = any(s.sampling.logprobs is not None for s in seqs if not s.plain)
         raw_lp = logits.log_softmax(-1) if want_lp else None
         failed, internal = self.prepare(logits, seqs)
         ks = [s.sampling.logprobs for s in seqs] if want_lp else []
         if logits.is_cuda:
-            token_ids = _draw_on_device(logits, seqs, failed)
-            host = torch.empty(len(seqs), dtype=torch.int64, pin_memory=True)
-            host.copy_(token_ids, non_blocking=True)
+            if self._up is None or self._up.device != logits.device:
+                self._up = PinnedRing(logits.device)
+            token_ids = _draw_on_device(logits, seqs, failed, self._up)
             ready = torch.cuda.Event(blocking=BLOCKING_WAIT)  # type: ignore[no-untyped-call]
-            ready.record()
+            host = self._down.download(token_ids, ready)
             return PendingSample(token_ids, host, ready, raw_lp, ks, failed, internal)
         token_ids = _draw_on_host(logits, seqs, failed)
         return PendingSample(token_ids, token_ids, None, raw_lp, ks, failed, internal)
 
 
 def _draw_on_device(
-    logits: torch.Tensor, seqs: list[Sequence], failed: dict[int, str]
+    logits: torch.Tensor, seqs: list[Sequence], failed: dict[int, str], ring: PinnedRing
 ) -> torch.Tensor:
     """CUDA: every row in one kernel (greedy or Gumbel-max), Philox noise keyed by (seed, step)."""
     from trtllm_gateway.engine.builtin.kernels.sampling import sample
 
     n = len(seqs)
-    temps = np.zeros(n, dtype=np.float32)
-    keys = np.zeros(n, dtype=np.int64)  # a greedy row's key is never read
+    # Keys and temperatures in one buffer, one upload: keys [0, 8n) bytes, temperatures after.
+    packed = np.zeros(12 * n, dtype=np.uint8)
+    keys = packed[: 8 * n].view(np.int64)  # a greedy row's key is never read
+    temps = packed[8 * n :].view(np.float32)
     drawn = [i for i, seq in enumerate(seqs) if not seq.greedy and i not in failed]
     if drawn:
         for i in drawn:
@@ -235,10 +251,8 @@ def _draw_on_device(
             (len(seqs[i].token_ids) - seqs[i].prompt_len for i in drawn), np.uint64, len(drawn)
         )
         keys[drawn] = row_keys(seeds, steps)
-    dev = logits.device
-    t_temps = torch.from_numpy(temps).pin_memory().to(dev, non_blocking=True)
-    t_keys = torch.from_numpy(keys).pin_memory().to(dev, non_blocking=True)
-    return sample(logits, t_temps, t_keys)
+    dev = ring.upload(packed, torch.uint8)
+    return sample(logits, dev[8 * n :].view(torch.float32), dev[: 8 * n].view(torch.int64))
 
 
 def _draw_on_host(
@@ -259,9 +273,12 @@ def _draw_on_host(
     return token_ids
 
 
-def _apply_processors(logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, str]:
-    """The logits processors first, on the model's own logits (engine/logits/processor.py)."""
-    if not any(s.logits_bound for s in seqs):
+def _apply_processors(
+    logits: torch.Tensor, seqs: list[Sequence], special: list[Sequence]
+) -> dict[int, str]:
+    """The logits processors first, on the model's own logits (engine/logits/processor.py).
+    Only a row that is not plain (`special`) can hold one."""
+    if not any(s.logits_bound for s in special):
         return {}
     return apply_bound(logits, [(s.logits_bound, s.token_ids, s.prompt_len) for s in seqs])
 

@@ -95,6 +95,7 @@ class Scheduler:
             self._count_prefix(seq)
             self.waiting.popleft()
             seq.status = Status.RUNNING
+            seq.settle()
             if seq.first_scheduled is None:
                 seq.first_scheduled = time.perf_counter()
             self.running.append(seq)
@@ -117,6 +118,7 @@ class Scheduler:
         seq.num_computed = seq.prompt_len
         self.waiting.popleft()
         seq.status = Status.RUNNING
+        seq.settle()
         seq.first_scheduled = seq.first_scheduled or time.perf_counter()
         self.running.append(seq)
         self._publish(seq, 0)

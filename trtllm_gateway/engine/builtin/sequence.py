@@ -74,6 +74,16 @@ class Sequence:
     penalized: bool = field(default=False, init=False, repr=False, compare=False)
     row_rules: bool = field(default=False, init=False, repr=False, compare=False)
     seed: int = field(default=0, init=False, repr=False, compare=False)  # generator's seed
+    # Nothing a step does for this row goes beyond the common path (no images, prompt
+    # logprobs, logprobs, constraint, logits processor, penalty, bias, allowed ids or
+    # min_tokens): the per-row checks of a step skip it. Set by settle() at admission, when
+    # all of those are known; False (every check made) until then.
+    plain: bool = field(default=False, init=False, repr=False, compare=False)
+    # Outcomes' per-token fast path (set by Outcomes once a plain row's first event is out):
+    # a token in stop_ids ends it, and so does reaching end_len tokens.
+    streaming: bool = field(default=False, init=False, repr=False, compare=False)
+    stop_ids: frozenset[int] = field(default=frozenset(), init=False, repr=False, compare=False)
+    end_len: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         sp = self.sampling
@@ -83,6 +93,19 @@ class Sequence:
         )
         self.row_rules = bool(self.penalized or sp.logit_bias or sp.allowed_token_ids is not None)
         self.seed = self.generator.initial_seed()
+
+    def settle(self) -> None:
+        """Admitted to run: what every step would ask of this row, read once (plain)."""
+        sp = self.sampling
+        self.plain = not (
+            self.images
+            or self.guided is not None
+            or self.logits_bound
+            or self.row_rules
+            or sp.min_tokens > 0
+            or sp.logprobs is not None
+            or sp.prompt_logprobs is not None
+        )
 
     @classmethod
     def from_request(cls, req: GenerateRequest, generator: torch.Generator) -> Sequence:

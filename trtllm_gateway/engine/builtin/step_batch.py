@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trtllm_gateway.engine.builtin.decode_tables import DecodeTables
 from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.vision.placeholders import ImageRows, image_rows
@@ -80,43 +81,58 @@ class StepBatch:
         return self.positions[: self.num_decodes] + 1
 
     @classmethod
-    def build(cls, chunks: list[ScheduledChunk], block_size: int) -> StepBatch:
+    def build(
+        cls, chunks: list[ScheduledChunk], block_size: int, tables: DecodeTables | None = None
+    ) -> StepBatch:
+        """tables: the decode rows' tables kept from the step before (the pipeline's)."""
         bs = block_size
-        ordered = sorted(chunks, key=lambda c: c.length != 1)
-        ids: list[int] = []
+        decodes = [c for c in chunks if c.length == 1]
+        prefills = [c for c in chunks if c.length != 1] if len(decodes) < len(chunks) else []
+        # Decodes: a few whole-batch comprehensions and numpy ops, no Python loop body a row
+        # (issue 39, item 2: at 256 running the per-row Python is the serving core's limit).
+        d_seqs = [c.seq for c in decodes]
+        d_pos = [c.start for c in decodes]
+        ids = [s.token_ids[p] for s, p in zip(d_seqs, d_pos, strict=True)]
+        if tables is not None:
+            d_tables = tables.of(d_seqs) if d_seqs else _NO_ROWS
+        else:
+            d_tables = _padded([s.block_table_array() for s in d_seqs])
+        nd = len(decodes)
+        positions = np.asarray(d_pos, dtype=np.int64)
+        if nd:
+            blocks = d_tables[np.arange(nd), positions // bs].astype(np.int64)
+            d_slots = blocks * bs + positions % bs
+        else:
+            d_slots = positions
+        # A decode chunk samples unless it is a prompt's last token but one (its chunk ends
+        # short of the sequence): the common case is every row.
+        ends = [len(s.token_ids) - p for s, p in zip(d_seqs, d_pos, strict=True)]
+        if ends.count(1) == nd:
+            rows: list[int] = list(range(nd))
+            sample_seqs = d_seqs
+        else:
+            rows = [r for r, e in enumerate(ends) if e == 1]
+            sample_seqs = [d_seqs[r] for r in rows]
+        prompt_lps: list[tuple[ScheduledChunk, int]] = []
+        images: list[ImageRows] = []
+        for row, c in enumerate(decodes):
+            if not c.seq.plain:
+                _extras(c, row, prompt_lps, images)
         pos: list[int] = []
         slots: list[int] = []
-        d_tables: list[np.ndarray] = []
         p_tables: list[np.ndarray] = []
         p_start: list[int] = []
         p_len: list[int] = []
         p_ctx: list[int] = []
-        rows: list[int] = []
-        sample_seqs: list[Sequence] = []
-        prompt_lps: list[tuple[ScheduledChunk, int]] = []
-        images: list[ImageRows] = []
-        for c in ordered:
+        for c in prefills:
             seq, start = c.seq, c.start
-            row, end = len(ids), start + c.length
+            row, end = nd + len(pos), start + c.length
             toks = seq.token_ids
-            if c.length == 1:  # plain ints: a decode step of a few rows stays cheap
-                ids.append(toks[start])
-                pos.append(start)
-                slots.append(seq.block_table[start // bs] * bs + start % bs)
-                d_tables.append(seq.block_table_array())
-                if end == len(toks):
-                    rows.append(row)
-                    sample_seqs.append(seq)
-                if seq.images or (
-                    seq.sampling.prompt_logprobs is not None and not seq.prompt_logprobs_done
-                ):
-                    _extras(c, row, prompt_lps, images)
-                continue
             table = seq.block_table_array()
             ids += toks[start:end]
-            r = np.arange(start, end)
-            pos += r.tolist()
-            slots += (table[r // bs].astype(np.int64) * bs + r % bs).tolist()
+            span = np.arange(start, end)
+            pos += span.tolist()
+            slots += (table[span // bs].astype(np.int64) * bs + span % bs).tolist()
             p_tables.append(table)
             p_start.append(row)
             p_len.append(c.length)
@@ -125,13 +141,16 @@ class StepBatch:
                 rows.append(end - 1 - start + row)
                 sample_seqs.append(seq)
             _extras(c, row, prompt_lps, images)
+        if prefills:
+            positions = np.concatenate([positions, np.asarray(pos, dtype=np.int64)])
+            d_slots = np.concatenate([d_slots, np.asarray(slots, dtype=np.int64)])
         return cls(
-            chunks=tuple(ordered),
+            chunks=tuple(decodes + prefills),
             token_ids=np.asarray(ids, dtype=np.int64),
-            positions=np.asarray(pos, dtype=np.int64),
-            slots=np.asarray(slots, dtype=np.int64),
-            num_decodes=len(d_tables),
-            decode_tables=_padded(d_tables),
+            positions=positions,
+            slots=d_slots,
+            num_decodes=nd,
+            decode_tables=d_tables,
             prefill_q_starts=np.asarray(p_start, dtype=np.int32),
             prefill_q_lens=np.asarray(p_len, dtype=np.int32),
             prefill_ctx_lens=np.asarray(p_ctx, dtype=np.int32),

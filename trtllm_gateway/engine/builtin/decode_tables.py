@@ -1,0 +1,74 @@
+"""DecodeTables: the decode rows' block tables as one padded array, kept from step to step.
+
+A decode step uploads every running sequence's block table, [rows, widest] int32. Padding them
+afresh each step (a concatenation and a masked store over ~37k entries at 256 running) was a
+third of packing the batch (issue 39, item 2); from one step to the next the same sequences
+decode in the same order and a table changes only in the step that adds a block (one in
+block_size steps; a running sequence's table only grows, by appending: scheduler._grow). So the
+array is kept, and a step writes only the rows whose table changed: grown (its new blocks), or
+another list object (the whole row). Any other change to the rows (a sequence joins, leaves or
+moves) builds it again. Callers get a copy: a StepBatch's arrays are never written after build().
+"""
+
+from __future__ import annotations
+
+from operator import is_
+
+import numpy as np
+
+from trtllm_gateway.engine.builtin.sequence import Sequence
+
+_SPARE = 8  # columns beyond the widest row: the array grows once in 8 blocks, not once a block
+
+
+class DecodeTables:
+    def __init__(self) -> None:
+        self._seqs: list[Sequence] = []
+        self._lists: list[list[int]] = []  # the block_table list each row was written from
+        self._lens: list[int] = []  # ... and its length then
+        self._arr = np.zeros((0, 1), dtype=np.int32)  # rows padded with block 0
+        self._width = 1
+
+    def of(self, seqs: list[Sequence]) -> np.ndarray:
+        """The rows' block tables as [len(seqs), widest] int32, padded with block 0."""
+        tables = [s.block_table for s in seqs]
+        lens = [len(t) for t in tables]
+        if len(seqs) != len(self._seqs) or not all(map(is_, seqs, self._seqs)):
+            self._build(seqs, tables, lens)
+        elif lens != self._lens or not all(map(is_, tables, self._lists)):
+            self._update(tables, lens)
+        return self._arr[: len(seqs), : self._width].copy()
+
+    def _build(self, seqs: list[Sequence], tables: list[list[int]], lens: list[int]) -> None:
+        width = max(max(lens, default=1), 1)
+        arr = np.zeros((len(seqs), width + _SPARE), dtype=np.int32)
+        if seqs:
+            # One masked store, not a Python store a row.
+            arr[np.arange(width + _SPARE) < np.asarray(lens)[:, None]] = np.concatenate(
+                [s.block_table_array() for s in seqs]
+            )
+        self._seqs, self._lists, self._lens = list(seqs), tables, lens
+        self._arr, self._width = arr, width
+
+    def _update(self, tables: list[list[int]], lens: list[int]) -> None:
+        old_lists, old_lens = self._lists, self._lens
+        changed = [
+            i
+            for i, (t, n) in enumerate(zip(tables, lens, strict=True))
+            if n != old_lens[i] or t is not old_lists[i]
+        ]
+        width = max(max(lens), self._width)
+        if width > self._arr.shape[1]:
+            grown = np.zeros((self._arr.shape[0], width + _SPARE), dtype=np.int32)
+            grown[:, : self._arr.shape[1]] = self._arr
+            self._arr = grown
+        arr = self._arr
+        for i in changed:
+            n, was = lens[i], old_lens[i]
+            if tables[i] is old_lists[i] and n > was:
+                arr[i, was:n] = tables[i][was:n]  # blocks appended: only they are new
+            else:
+                arr[i, :n] = tables[i]
+                arr[i, n:] = 0  # a replaced, shorter table leaves no stale blocks behind
+        self._lists, self._lens = tables, lens
+        self._width = max(max(lens, default=1), 1)
