@@ -13,6 +13,7 @@ clear_cache() clears all.
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 
@@ -22,15 +23,16 @@ from trtllm_gateway.engine.kv_events.log import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    KvEventLog,
+    KvEventSink,
     MmSpan,
     signed64,
 )
 
 
 def block_hash(prev: bytes, tokens: Seq[int], extra: bytes = b"") -> bytes:
+    """BLAKE3 of the parent's hash, the tokens as little-endian uint32 and the extra key."""
     h = blake3(prev)
-    h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens))
+    h.update(struct.pack(f"<{len(tokens)}I", *tokens))  # raises on an id outside uint32
     h.update(extra)
     return h.digest(length=16)
 
@@ -45,7 +47,7 @@ class BlockManager:
         self.cached: dict[bytes, int] = {}
         # Free blocks, oldest first; blocks that still carry a hash are reusable until popped.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-        self.events: KvEventLog | None = None
+        self.events: KvEventSink | None = None
         self.dp_rank = 0  # the data-parallel rank its events name (--data-parallel-rank)
 
     @property

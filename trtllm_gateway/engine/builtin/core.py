@@ -30,7 +30,7 @@ from trtllm_gateway.engine.builtin.vision.embedder import create_embedder
 from trtllm_gateway.engine.builtin.vision.placeholders import PlacedImage
 from trtllm_gateway.engine.builtin.wakeup import Wakeup
 from trtllm_gateway.engine.guided.matcher import RowMatcher
-from trtllm_gateway.engine.kv_events.log import KvEventLog, event_json
+from trtllm_gateway.engine.kv_events.log import KvEventOutbox, event_fields
 from trtllm_gateway.engine.logits.load import args_of
 from trtllm_gateway.engine.protocol import (
     EngineError,
@@ -77,8 +77,7 @@ class EngineCore:
         self._kv: KvHandoffs | None = None  # KV staged for siblings, and taken from them
         self.info = EngineInfo(model_id="", max_model_len=0, vocab_size=0, eos_token_ids=())
         # The prefix cache's events, forwarded with each batch to the client's own log.
-        self.kv_events = KvEventLog(config.engine.block_size, capacity=1 << 20)
-        self._kv_sent = -1
+        self.kv_events = KvEventOutbox()
 
     def load(self, progress: Callable[[str], None]) -> Ready:
         lm = self.loaded = load(self.config.engine, progress)
@@ -193,10 +192,7 @@ class EngineCore:
                 events.append((request_id, ev))
             else:
                 errors.append((request_id, RequestError.of(ev)))
-        records, _ = self.kv_events.since(self._kv_sent)
-        if records:
-            self._kv_sent = records[-1].event_id
-        kv = [event_json(r) for r in records]
+        kv = [event_fields(e) for e in self.kv_events.drain()]
         return OutputBatch(events, errors, self.health(), kv, self._remote_encode_outcomes())
 
     def _remote_encode_outcomes(self) -> dict[str, int] | None:

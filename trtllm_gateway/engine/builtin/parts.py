@@ -2,7 +2,7 @@
 
 The Stepper the step loop drives, the SequenceBuilder that turns requests into Sequences, the
 factory of grammar matchers, and the EngineInfo the core announces. The prefix cache reports to the
-core's KvEventLog from event 0 (an empty cache) on.
+core's KvEventOutbox from event 0 (an empty cache) on.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from trtllm_gateway.engine.builtin.sequence_builder import SequenceBuilder
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.guided.matcher import GuidedFactory
 from trtllm_gateway.engine.image_resize import resize_edge
-from trtllm_gateway.engine.kv_events.log import KvEventLog
+from trtllm_gateway.engine.kv_events.log import KvEventSink
 from trtllm_gateway.engine.logits.load import LogitsProcessors
 from trtllm_gateway.engine.logits.processor import ProcessorContext
 from trtllm_gateway.engine.protocol import EngineHealth, EngineInfo, EngineState
@@ -48,9 +48,8 @@ class EngineParts:
         )
 
 
-def assemble(lm: LoadedModel, config: BuiltinConfig, kv_events: KvEventLog) -> EngineParts:
+def assemble(lm: LoadedModel, config: BuiltinConfig, kv_events: KvEventSink) -> EngineParts:
     engine = config.engine
-    kv_events.num_blocks = lm.blocks.num_blocks
     lm.blocks.events = kv_events
     lm.blocks.dp_rank = engine.data_parallel_rank
     lm.blocks.clear_cache()  # event 0: a reader starts from an empty cache

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,12 @@ class AllBlocksCleared:
 KvCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
+class KvEventSink(Protocol):
+    """Where a block manager reports its events: a KvEventLog, or a core's KvEventOutbox."""
+
+    def append(self, event: KvCacheEvent) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class KvEventRecord:
     event_id: int
@@ -77,13 +83,12 @@ def event_json(rec: KvEventRecord, token_ids: bool = True) -> dict[str, Any]:
     token_ids=False leaves a BlockStored's tokens out (its hashes stay): the tokens are users'
     prompts, for a consumer that asked for them only.
     """
-    ev = rec.event
-    out: dict[str, Any] = {
-        "event_id": rec.event_id,
-        "ts": rec.ts,
-        "type": type(ev).__name__,
-        "dp_rank": ev.dp_rank,
-    }
+    return {"event_id": rec.event_id, "ts": rec.ts} | event_fields(rec.event, token_ids)
+
+
+def event_fields(ev: KvCacheEvent, token_ids: bool = True) -> dict[str, Any]:
+    """The event's own fields as JSON (event_json without the log's id and time)."""
+    out: dict[str, Any] = {"type": type(ev).__name__, "dp_rank": ev.dp_rank}
     if isinstance(ev, BlockStored):
         out |= {
             "block_hashes": list(ev.block_hashes),
@@ -126,6 +131,22 @@ def event_from_json(raw: dict[str, Any]) -> KvCacheEvent:
     if kind == "AllBlocksCleared":
         return AllBlocksCleared(dp_rank=int(raw.get("dp_rank") or 0))
     raise ValueError(f"unknown KV event type {kind!r}")
+
+
+class KvEventOutbox:
+    """The events an engine core made since it last sent a batch, drained by each batch: the
+    client's KvEventLog numbers and keeps them. The core kept a numbered log of its own too,
+    a million records deep, for nobody to read (issue 39, item 2: the step's KV-event share)."""
+
+    def __init__(self) -> None:
+        self._events: list[KvCacheEvent] = []
+
+    def append(self, event: KvCacheEvent) -> None:
+        self._events.append(event)
+
+    def drain(self) -> list[KvCacheEvent]:
+        out, self._events = self._events, []
+        return out
 
 
 class KvEventLog:
