@@ -125,11 +125,12 @@ def fill_batch(g: Any, lm: Any, b: int, ctx: int) -> None:
     page = lm.blocks.block_size
     blocks_per = -(-ctx // page)
     perm = torch.randperm(lm.blocks.num_blocks, device="cuda")[: b * blocks_per]
+    n, p = g.max_batch_size, g.packed  # cuda_graph.py's layout: ids, positions, slots, lengths
     g.block_tables[:b, :blocks_per] = perm.view(b, blocks_per).int()
-    g.ctx_lens[:b] = ctx
-    g.positions[:b] = ctx - 1
-    g.slots[:b] = perm.view(b, blocks_per)[:, -1].long() * page
-    g.input_ids[:b] = torch.randint(100, 1000, (b,), device="cuda")
+    p[3 * n : 3 * n + b] = ctx
+    p[n : n + b] = ctx - 1
+    p[2 * n : 2 * n + b] = (perm.view(b, blocks_per)[:, -1] * page).int()
+    p[:b] = torch.randint(100, 1000, (b,), device="cuda", dtype=torch.int32)
 
 
 def main() -> None:

@@ -1,9 +1,13 @@
 """DecodeGraphs: CUDA graphs of the whole decode step (embedding to logits) at bucketed batch sizes.
 
-Static input buffers (token ids, positions, slots, context lengths, block tables) are filled
-before each replay; a batch is padded to the next captured size with rows that write no KV
-(slot -1) and attend to nothing (context 0). Graphs are captured largest first into one memory
-pool. The split-KV count of each bucket is fixed at capture time from the longest context.
+A step's inputs go into one static int32 buffer (`packed`), in one copy from the host: token ids,
+positions, slots, context lengths (n each, n the largest bucket) and the block tables
+[n, max_blocks]. The graph widens what needs int64 and swaps each placeholder -(r + 1) for row r
+of `prev` (the previous step's sampled ids, copied in on the device), so a replay is two copies
+and the graph, not a dozen launches (issue 39, item 2). A batch is padded to the next captured
+size with rows that write no KV (slot -1) and attend to nothing (context 0). Graphs are captured
+largest first into one memory pool. The split-KV count of each bucket is fixed at capture time
+from the longest context.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
@@ -18,6 +23,8 @@ from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits
 from trtllm_gateway.engine.builtin.model import LlamaModel
 
 logger = logging.getLogger(__name__)
+
+INPUTS = 4  # token ids, positions, slots, context lengths: n entries each, then the tables
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -44,11 +51,11 @@ class DecodeGraphs:
         self.sizes = graph_batch_sizes(max_batch_size)
         self.max_batch_size = self.sizes[-1]
         n = self.max_batch_size
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.long, device=dev)
-        self.slots = torch.full((n,), -1, dtype=torch.long, device=dev)
-        self.ctx_lens = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.block_tables = torch.zeros((n, max_blocks), dtype=torch.int32, device=dev)
+        self.max_blocks = max_blocks
+        self.packed = torch.zeros(INPUTS * n + n * max_blocks, dtype=torch.int32, device=dev)
+        self.packed[2 * n : 3 * n] = -1  # slots: padding rows write no KV
+        self.prev = torch.zeros(n, dtype=torch.long, device=dev)  # placeholders' ids
+        self.block_tables = self.packed[INPUTS * n :].view(n, max_blocks)
         self.logits = torch.zeros((n, model.cfg.vocab_size), dtype=torch.float32, device=dev)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self.splits = {
@@ -63,17 +70,38 @@ class DecodeGraphs:
                 return b
         return None
 
-    def _meta(self, b: int) -> AttentionMetadata:
-        return AttentionMetadata(
-            slot_mapping=self.slots[:b],
+    def host_inputs(
+        self,
+        b: int,
+        token_ids: np.ndarray,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        tables: np.ndarray,
+    ) -> np.ndarray:
+        """The first len(token_ids) rows of bucket b as `packed`'s first entries, int32 (slots
+        < 2^31: one per KV token); the rest of the bucket pads (slot -1, context 0)."""
+        n, rows = self.max_batch_size, len(token_ids)
+        host = np.zeros(INPUTS * n + b * self.max_blocks, dtype=np.int32)
+        host[:rows] = token_ids
+        host[n : n + rows] = positions
+        host[2 * n : 3 * n] = -1
+        host[2 * n : 2 * n + rows] = slots
+        host[3 * n : 3 * n + rows] = positions + 1  # context lengths, the new token included
+        host[INPUTS * n :].reshape(b, self.max_blocks)[:rows, : tables.shape[1]] = tables
+        return host
+
+    def _step(self, b: int) -> None:
+        n, p = self.max_batch_size, self.packed
+        raw = p[:b].long()
+        ids = torch.where(raw < 0, self.prev[(-raw - 1).clamp(0, n - 1)], raw)
+        meta = AttentionMetadata(
+            slot_mapping=p[2 * n : 2 * n + b].long(),
             num_decodes=b,
-            decode_ctx_lens=self.ctx_lens[:b],
+            decode_ctx_lens=p[3 * n : 3 * n + b],
             decode_block_tables=self.block_tables[:b],
             decode_splits=self.splits[b],
         )
-
-    def _step(self, b: int, meta: AttentionMetadata) -> None:
-        hidden = self.model(self.input_ids[:b], self.positions[:b], self.kv_caches, meta)
+        hidden = self.model(ids, p[n : n + b].long(), self.kv_caches, meta)
         self.logits[:b].copy_(self.model.compute_logits(hidden))
 
     @torch.inference_mode()
@@ -81,12 +109,11 @@ class DecodeGraphs:
         t0 = time.perf_counter()
         pool = None
         for b in reversed(self.sizes):
-            meta = self._meta(b)
-            self._step(b, meta)  # warm-up: compiles the Triton kernels, sets cuBLAS up
+            self._step(b)  # warm-up: compiles the Triton kernels, sets cuBLAS up
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
-                self._step(b, meta)
+                self._step(b)
             if pool is None:
                 pool = g.pool()
             self.graphs[b] = g
@@ -96,6 +123,7 @@ class DecodeGraphs:
         )
 
     def replay(self, b: int) -> torch.Tensor:
-        """Inputs for the first b rows must already be in the static buffers. Returns logits[:b]."""
+        """Inputs for the first b rows must already be in `packed` (and `prev`). Returns
+        logits[:b]."""
         self.graphs[b].replay()
         return self.logits[:b]

@@ -109,23 +109,11 @@ class TritonBackend:
         self, g: DecodeGraphs, bucket: int, batch: StepBatch, prev: torch.Tensor | None
     ) -> torch.Tensor:
         n = batch.num_decodes
-        w = batch.decode_tables.shape[1]
-        # Every input in one int32 array, one pinned upload (five cost ~5x the host time): ids,
-        # positions, slots (< 2^31: a slot per KV token), context lengths, block tables.
-        host = np.zeros(4 * bucket + bucket * w, dtype=np.int32)
-        host[:n] = batch.token_ids
-        host[bucket : bucket + n] = batch.positions
-        host[2 * bucket : 3 * bucket] = -1  # padding rows write no KV
-        host[2 * bucket : 2 * bucket + n] = batch.slots
-        host[3 * bucket : 3 * bucket + n] = batch.positions + 1  # ... and attend to nothing
-        host[4 * bucket :].reshape(bucket, w)[:n] = batch.decode_tables
-        dev = self._up(host, torch.int32)
-        ids = g.input_ids[:bucket]
-        ids.copy_(dev[:bucket])
+        host = g.host_inputs(
+            bucket, batch.token_ids, batch.positions, batch.slots, batch.decode_tables
+        )
+        self._staging.upload(host, torch.int32, out=g.packed[: len(host)])
         if batch.placeholders:
-            ids.copy_(resolve_placeholders(ids, prev))
-        g.positions[:bucket].copy_(dev[bucket : 2 * bucket])
-        g.slots[:bucket].copy_(dev[2 * bucket : 3 * bucket])
-        g.ctx_lens[:bucket].copy_(dev[3 * bucket : 4 * bucket])
-        g.block_tables[:bucket, :w].copy_(dev[4 * bucket :].view(bucket, w))
+            assert prev is not None, "placeholder token ids need the previous step's samples"
+            g.prev[: len(prev)].copy_(prev)
         return g.replay(bucket)[:n]
