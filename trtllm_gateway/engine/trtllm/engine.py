@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from trtllm_gateway.config.disagg import EncodeSiblings
 from trtllm_gateway.config.engine import DEFAULT_MODEL, EngineConfig
 from trtllm_gateway.config.engine_args import TRTLLM_TOKENS_PER_BLOCK, resolve_trtllm_args
@@ -242,7 +244,7 @@ class TrtllmEngine:
                         first_token_at = time.monotonic()
                     if event.finish_reason is not None:
                         finished = True
-                        event = dataclasses.replace(
+                        event = msgspec.structs.replace(
                             event, timings=_timings(started, first_token_at)
                         )
                     yield event
