@@ -70,8 +70,17 @@ class TritonBackend:
         g = self.graphs
         pure_decode = nd == len(batch.chunks)
         bucket = g.bucket(nd) if g is not None and pure_decode else None
-        # A 1-token prefill chunk may land on an image, so a "decode" batch may carry images.
-        if g is not None and bucket is not None and not batch.prompt_logprobs and not batch.images:
+        # A 1-token prefill chunk may land on an image, so a "decode" batch may carry images;
+        # and a graph holds the previous step's ids only up to its largest bucket (a step
+        # before may have sampled more rows, past the 512 rows graphs are captured for).
+        fits = prev is None or g is None or len(prev) <= g.max_batch_size
+        if (
+            g is not None
+            and bucket is not None
+            and fits
+            and not batch.prompt_logprobs
+            and not batch.images
+        ):
             logits = self._replay(g, bucket, batch, prev)
             if len(rows) != nd:
                 logits = logits[self._up(rows, torch.long)]
