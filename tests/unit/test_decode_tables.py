@@ -1,8 +1,8 @@
 """DecodeTables: the decode rows' block tables kept across steps equal the tables padded afresh.
 
 A random walk over what a step can do to its decode rows (a table grows by appending, a list is
-replaced by a shorter one, rows join, leave or move), each step compared with step_batch's
-_padded of the same rows, the packing it replaces (issue 39, item 2).
+replaced by a shorter one, rows join, leave or move), each step compared with padded() of
+the same rows, the fresh padding it replaces (issue 39, item 2).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import random
 import numpy as np
 import torch
 
-from trtllm_gateway.engine.builtin.decode_tables import DecodeTables
+from trtllm_gateway.engine.builtin.decode_tables import DecodeTables, padded
 from trtllm_gateway.engine.builtin.sequence import Sequence
-from trtllm_gateway.engine.builtin.step_batch import _padded
 from trtllm_gateway.engine.protocol import SamplingParams
 
 
@@ -25,7 +24,7 @@ def _seq(i: int, blocks: int) -> Sequence:
 
 
 def _fresh(seqs: list[Sequence]) -> np.ndarray:
-    return _padded([s.block_table_array() for s in seqs])
+    return padded([s.block_table_array() for s in seqs])
 
 
 def test_kept_tables_equal_fresh_ones_through_a_random_walk() -> None:

@@ -19,6 +19,21 @@ import numpy as np
 from trtllm_gateway.engine.builtin.sequence import Sequence
 
 _SPARE = 8  # columns beyond the widest row: the array grows once in 8 blocks, not once a block
+NO_ROWS = np.zeros((0, 1), dtype=np.int32)
+
+
+def padded(tables: list[np.ndarray], spare: int = 0) -> np.ndarray:
+    """Block tables as [rows, widest + spare] int32, padded with block 0. With no spare, one
+    table comes back as a view of itself (never written: a StepBatch's arrays are read only)."""
+    if not tables:
+        return NO_ROWS if not spare else np.zeros((0, 1 + spare), dtype=np.int32)
+    if not spare and len(tables) == 1 and len(tables[0]):
+        return tables[0].reshape(1, -1)
+    lens = np.fromiter(map(len, tables), np.int64, len(tables))
+    out = np.zeros((len(tables), max(int(lens.max()), 1) + spare), dtype=np.int32)
+    # One masked store, not a Python store a row.
+    out[np.arange(out.shape[1]) < lens[:, None]] = np.concatenate(tables)
+    return out
 
 
 class DecodeTables:
@@ -40,15 +55,9 @@ class DecodeTables:
         return self._arr[: len(seqs), : self._width].copy()
 
     def _build(self, seqs: list[Sequence], tables: list[list[int]], lens: list[int]) -> None:
-        width = max(max(lens, default=1), 1)
-        arr = np.zeros((len(seqs), width + _SPARE), dtype=np.int32)
-        if seqs:
-            # One masked store, not a Python store a row.
-            arr[np.arange(width + _SPARE) < np.asarray(lens)[:, None]] = np.concatenate(
-                [s.block_table_array() for s in seqs]
-            )
+        self._arr = padded([s.block_table_array() for s in seqs], _SPARE)
         self._seqs, self._lists, self._lens = list(seqs), tables, lens
-        self._arr, self._width = arr, width
+        self._width = max(max(lens, default=1), 1)
 
     def _update(self, tables: list[list[int]], lens: list[int]) -> None:
         old_lists, old_lens = self._lists, self._lens

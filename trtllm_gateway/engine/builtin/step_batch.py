@@ -22,25 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtllm_gateway.engine.builtin.decode_tables import DecodeTables
+from trtllm_gateway.engine.builtin.decode_tables import NO_ROWS, DecodeTables, padded
 from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.vision.placeholders import ImageRows, image_rows
-
-_NO_ROWS = np.zeros((0, 1), dtype=np.int32)
-
-
-def _padded(tables: list[np.ndarray]) -> np.ndarray:
-    """Block tables as [rows, widest] int32, padded with block 0."""
-    if not tables:
-        return _NO_ROWS
-    if len(tables) == 1 and len(tables[0]):
-        return tables[0].reshape(1, -1)  # a view of the sequence's cached array: never written
-    lens = np.fromiter(map(len, tables), np.int64, len(tables))
-    out = np.zeros((len(tables), max(int(lens.max()), 1)), dtype=np.int32)
-    # One masked store, not a Python store a row.
-    out[np.arange(out.shape[1]) < lens[:, None]] = np.concatenate(tables)
-    return out
 
 
 def _extras(
@@ -94,9 +79,9 @@ class StepBatch:
         d_pos = [c.start for c in decodes]
         ids = [s.token_ids[p] for s, p in zip(d_seqs, d_pos, strict=True)]
         if tables is not None:
-            d_tables = tables.of(d_seqs) if d_seqs else _NO_ROWS
+            d_tables = tables.of(d_seqs) if d_seqs else NO_ROWS
         else:
-            d_tables = _padded([s.block_table_array() for s in d_seqs])
+            d_tables = padded([s.block_table_array() for s in d_seqs])
         nd = len(decodes)
         positions = np.asarray(d_pos, dtype=np.int64)
         if nd:
@@ -154,7 +139,7 @@ class StepBatch:
             prefill_q_starts=np.asarray(p_start, dtype=np.int32),
             prefill_q_lens=np.asarray(p_len, dtype=np.int32),
             prefill_ctx_lens=np.asarray(p_ctx, dtype=np.int32),
-            prefill_tables=_padded(p_tables),
+            prefill_tables=padded(p_tables),
             sample_rows=np.asarray(rows, dtype=np.int64),
             sample_seqs=tuple(sample_seqs),
             prompt_logprobs=tuple(prompt_lps),
