@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
-from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits
 from trtllm_gateway.engine.builtin.model import LlamaModel
 
 logger = logging.getLogger(__name__)
@@ -57,6 +56,8 @@ class DecodeGraphs:
         self.prev = torch.zeros(n, dtype=torch.long, device=dev)  # placeholders' ids
         self.block_tables = self.packed[INPUTS * n :].view(n, max_blocks)
         self.logits = torch.zeros((n, model.cfg.vocab_size), dtype=torch.float32, device=dev)
+        from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits  # Triton
+
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self.splits = {
             b: choose_splits(b, model.cfg.num_kv_heads, max_model_len, page, sms)
@@ -78,17 +79,26 @@ class DecodeGraphs:
         slots: np.ndarray,
         tables: np.ndarray,
     ) -> np.ndarray:
-        """The first len(token_ids) rows of bucket b as `packed`'s first entries, int32 (slots
-        < 2^31: one per KV token); the rest of the bucket pads (slot -1, context 0)."""
-        n, rows = self.max_batch_size, len(token_ids)
-        host = np.zeros(INPUTS * n + b * self.max_blocks, dtype=np.int32)
+        """The first len(token_ids) rows of bucket b, int32 (slots < 2^31: one per KV token):
+        `packed`'s first INPUTS * n entries, then the tables [b, their width]; the rest of the
+        bucket pads (slot -1, context 0). load() puts it in place."""
+        n, rows, width = self.max_batch_size, len(token_ids), tables.shape[1]
+        host = np.zeros(INPUTS * n + b * width, dtype=np.int32)
         host[:rows] = token_ids
         host[n : n + rows] = positions
         host[2 * n : 3 * n] = -1
         host[2 * n : 2 * n + rows] = slots
         host[3 * n : 3 * n + rows] = positions + 1  # context lengths, the new token included
-        host[INPUTS * n :].reshape(b, self.max_blocks)[:rows, : tables.shape[1]] = tables
+        host[INPUTS * n :].reshape(b, width)[:rows] = tables
         return host
+
+    def load(self, inputs: torch.Tensor, b: int) -> None:
+        """host_inputs(b, ...) as uploaded: two copies on the device. The tables go up at their
+        own width, not max_blocks (at a long max_model_len that would be megabytes a step)."""
+        head = INPUTS * self.max_batch_size
+        width = (inputs.numel() - head) // b
+        self.packed[:head].copy_(inputs[:head])
+        self.block_tables[:b, :width].copy_(inputs[head:].view(b, width))
 
     def _step(self, b: int) -> None:
         n, p = self.max_batch_size, self.packed

@@ -28,16 +28,13 @@ class PinnedRing:
         self._read: list[torch.cuda.Event | None] = [None] * slots
         self._next = 0
 
-    def upload(
-        self, data: np.ndarray | list[int], dtype: torch.dtype, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """data as a `dtype` tensor on the device (into `out`, of data's size and dtype, when
-        given); the copy is queued on the current stream."""
+    def upload(self, data: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:
+        """data as a `dtype` tensor on the device; the copy is queued on the current stream."""
         src = np.asarray(data)
         np_dtype = _NUMPY.get(dtype) or torch.empty(0, dtype=dtype).numpy().dtype
         nbytes = src.size * np_dtype.itemsize
         if nbytes == 0:
-            return torch.empty(src.shape, dtype=dtype, device=self.device) if out is None else out
+            return torch.empty(src.shape, dtype=dtype, device=self.device)
         i = self._next
         self._next = (i + 1) % len(self._bufs)
         read = self._read[i]
@@ -53,10 +50,7 @@ class PinnedRing:
         # threads, and waking them on a host busy with API servers and clients cost ~0.5 ms a
         # step (the 256-row block table; py-spy, H200).
         np.copyto(host.numpy(), src, casting="unsafe")
-        if out is None:
-            out = host.to(self.device, non_blocking=True)
-        else:
-            out.copy_(host.view(out.shape), non_blocking=True)
+        out = host.to(self.device, non_blocking=True)
         done = torch.cuda.Event()  # type: ignore[no-untyped-call]
         done.record()
         self._read[i] = done

@@ -121,7 +121,7 @@ class TritonBackend:
         host = g.host_inputs(
             bucket, batch.token_ids, batch.positions, batch.slots, batch.decode_tables
         )
-        self._staging.upload(host, torch.int32, out=g.packed[: len(host)])
+        g.load(self._up(host, torch.int32), bucket)
         if batch.placeholders:
             assert prev is not None, "placeholder token ids need the previous step's samples"
             g.prev[: len(prev)].copy_(prev)
