@@ -1,10 +1,11 @@
 """DecodeGraphs: CUDA graphs of the whole decode step (embedding to logits) at bucketed batch sizes.
 
-A step's inputs go into one static int32 buffer (`packed`), in one copy from the host: token ids,
-positions, slots, context lengths (n each, n the largest bucket) and the block tables
-[n, max_blocks]. The graph widens what needs int64 and swaps each placeholder -(r + 1) for row r
-of `prev` (the previous step's sampled ids, copied in on the device), so a replay is two copies
-and the graph, not a dozen launches (issue 39, item 2). A batch is padded to the next captured
+A step's inputs go into one static int32 buffer (`packed`), uploaded in one piece and put in
+place by two device copies: token ids, positions, slots, context lengths (n each, n the largest
+bucket) and the block tables [n, max_blocks] (written at the step's own width). The graph widens
+what needs int64 and swaps each placeholder -(r + 1) for row r of `prev` (the previous step's
+sampled ids, copied in on the device), so a replay is one upload, three device copies and the
+graph, not a dozen launches (issue 39, item 2). A batch is padded to the next captured
 size with rows that write no KV (slot -1) and attend to nothing (context 0). Graphs are captured
 largest first into one memory pool. The split-KV count of each bucket is fixed at capture time
 from the longest context.
