@@ -19,6 +19,7 @@ commands:
 def serve(argv: list[str]) -> int:
     from pydantic import ValidationError
 
+    from trtllm_gateway.app.api_server_count import resolve_api_servers
     from trtllm_gateway.app.main import create_app
     from trtllm_gateway.app.server import GatewayServer, uvicorn_config
     from trtllm_gateway.config.settings import Settings
@@ -38,7 +39,8 @@ def serve(argv: list[str]) -> int:
     except (EngineError, ValueError) as exc:
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 1
-    if server.api_server_count > 1:
+    config = resolve_api_servers(config)
+    if config.server.api_server_count != 1:
         from trtllm_gateway.app.supervisor import supervise
 
         return supervise(config)

@@ -22,12 +22,15 @@ class ServerConfig(BaseModel):
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per log line."
     )
-    api_server_count: int = Field(
-        1,
+    api_server_count: int | None = Field(
+        None,
         ge=1,
         description="HTTP server processes on the one port, sharing one engine core (vLLM's "
-        "flag): for a GPU host whose one event loop cannot keep up with the engine; keep 1 on "
-        "small CPU machines. Needs the built-in engine in its own process.",
+        "flag). Default auto: on a GPU host one per 4 CPU cores, at most 4 (a 16-core host runs "
+        "4), as one event loop cannot keep up with a GPU engine's tokens; 1 on a CPU device, on "
+        "fewer than 8 cores, and where servers cannot share (--engine trtllm, "
+        "--no-engine-process, --mode encode, --kv-events-zmq). More than 1 needs the built-in "
+        "engine in its own process.",
     )
     shutdown_timeout: float = Field(
         30.0, ge=0.0, description="Seconds in-flight requests get to finish on SIGTERM."

@@ -14,6 +14,7 @@ from typing import TypeVar
 from pydantic import BaseModel, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trtllm_gateway.config.api_servers import unshareable
 from trtllm_gateway.config.disagg import DisaggConfig
 from trtllm_gateway.config.engine import DEFAULT_MODEL, EngineConfig
 from trtllm_gateway.config.gateway import GatewayConfig
@@ -73,16 +74,11 @@ class Settings(
 
     @model_validator(mode="after")
     def _check_api_server_count(self) -> Settings:
-        if self.api_server_count == 1:
-            return self
-        # The servers share one built-in core process (an encode instance has none), and one
-        # --kv-events-zmq address cannot be bound by every server.
-        if self.engine != "builtin" or not self.engine_process:
-            raise ValueError("--api-server-count > 1 needs --engine builtin with its core process")
-        if self.mode == "encode":
-            raise ValueError("--api-server-count > 1 does not run --mode encode")
-        if self.kv_events_zmq:
-            raise ValueError("--api-server-count > 1 cannot publish --kv-events-zmq")
+        if self.api_server_count is None or self.api_server_count == 1:
+            return self  # auto picks 1 where servers cannot share (app/api_server_count.py)
+        reason = unshareable(self, self)
+        if reason is not None:
+            raise ValueError(f"--api-server-count > 1 {reason}")
         return self
 
     def part(self, cls: type[Part]) -> Part:
