@@ -5,12 +5,17 @@
 #   git worktree add .basetree <commit>        # here; carry [".whl", ".basetree"]
 #   BASE=.basetree ROUNDS=2 API_SERVERS=4 bash bench/ab_serve.sh      # there
 # One line per run (tree, output tok/s, the core's main thread %); the median of the pairwise
-# ratios (this tree over BASE) at the end. Logs under $OUT/ab. PYSPY=<py-spy binary>: 10 s of
-# the engine core's stacks mid-run (spy_core_<run>.txt); NEW_ONLY=1: this tree alone.
+# ratios (this tree over BASE) at the end. API_SERVERS=auto serves this tree with its default
+# count; BASE_API_SERVERS (default API_SERVERS) is the base tree's. Logs under $OUT/ab.
+# PYSPY=<py-spy binary>: 10 s of the engine core's stacks mid-run (spy_core_<run>.txt);
+# NEW_ONLY=1: this tree alone. SERVER_CPUS / CLIENT_CPUS (taskset lists, e.g. 0-15 / 16-31 on a
+# 32-core host): the server as on a host of that many cores, the load generator (WORKERS
+# processes, default 8) on cores of its own, so neither takes the other's.
 set -u
 BASE=${BASE:-.basetree}
 ROUNDS=${ROUNDS:-2}
 API_SERVERS=${API_SERVERS:-4}
+BASE_API_SERVERS=${BASE_API_SERVERS:-$API_SERVERS}
 NUM=${NUM:-512}
 LEN=${LEN:-1024}
 MODEL=${MODEL:-trtllm_gateway/config/models/smollm2-135m.json}
@@ -22,17 +27,21 @@ HERE=$(pwd)
 mkdir -p "$OUT/ab"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
-one() {  # one TREE NAME: serve from TREE, load it from this tree, print one JSON line
-  local tree=$1 name=$2
-  (cd "$tree" && PYTHONPATH=/tmp/site:. exec python3 -m trtllm_gateway serve --model "$HERE/$MODEL" \
+one() {  # one TREE NAME COUNT: serve from TREE, load it from this tree, print one JSON line
+  local tree=$1 name=$2 count=$3 servers=()
+  [[ "$count" == auto ]] || servers=(--api-server-count "$count")
+  local pin_server=() pin_client=()
+  [[ -z "${SERVER_CPUS:-}" ]] || pin_server=(taskset -c "$SERVER_CPUS")
+  [[ -z "${CLIENT_CPUS:-}" ]] || pin_client=(taskset -c "$CLIENT_CPUS")
+  (cd "$tree" && PYTHONPATH=/tmp/site:. exec "${pin_server[@]}" python3 -m trtllm_gateway serve --model "$HERE/$MODEL" \
     --load-format dummy --max-model-len 2304 --max-num-tokens 8192 --max-batch-size 256 \
-    --tokenizer "$HERE/$TOK" --port $PORT --api-server-count "$API_SERVERS" \
+    --tokenizer "$HERE/$TOK" --port $PORT "${servers[@]}" \
     --log-level warning) > "$OUT/ab/server_$name.log" 2>&1 &
   local server=$!
   python3 -c "from bench.serve import wait_ready; wait_ready('$URL', 300)" || {
     echo "{\"run\": \"$name\", \"error\": \"no start\"}"; kill $server; wait $server; return; }
-  timeout 300 python3 -m bench.serve --base-url $URL --num-prompts "$NUM" --input-len "$LEN" \
-    --output-len "$LEN" --max-concurrency 256 --workers 8 > "$OUT/ab/serve_$name.json" \
+  timeout 300 "${pin_client[@]}" python3 -m bench.serve --base-url $URL --num-prompts "$NUM" \
+    --input-len "$LEN" --output-len "$LEN" --max-concurrency 256 --workers "${WORKERS:-8}" > "$OUT/ab/serve_$name.json" \
     2> "$OUT/ab/serve_$name.err" &
   local client=$!
   python3 -m bench.proc_sample --pid $server --client-pid $client --metrics-url $URL/metrics \
@@ -59,13 +68,14 @@ r = json.loads((d / f"serve_{name}.json").read_text())
 s = summary(d / f"samples_{name}.jsonl")
 print(json.dumps({"run": name, "tree": tree, "output_tok_s": round(r["output_throughput"]),
                   "ok": r["completed"], "failed": r["failed"],
-                  "core_main_pct": s.get("core_main"), "core_cpu_pct": s.get("core_cpu")}))
+                  "core_main_pct": s.get("core_main"), "core_cpu_pct": s.get("core_cpu"),
+                  "api_main_pct": s.get("api_main")}))
 EOF
 }
 
 for r in $(seq "$ROUNDS"); do
-  [[ -n "${NEW_ONLY:-}" ]] || one "$BASE" "base$r" | tee -a "$OUT/ab/runs.jsonl"
-  one . "new$r" | tee -a "$OUT/ab/runs.jsonl"
+  [[ -n "${NEW_ONLY:-}" ]] || one "$BASE" "base$r" "$BASE_API_SERVERS" | tee -a "$OUT/ab/runs.jsonl"
+  one . "new$r" "$API_SERVERS" | tee -a "$OUT/ab/runs.jsonl"
 done
 python3 - "$OUT/ab/runs.jsonl" <<'EOF'
 import json, statistics, sys

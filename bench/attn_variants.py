@@ -191,12 +191,13 @@ def main() -> None:
     p.add_argument("--kv-dtype", default="fp8", choices=["fp8", "bf16"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--configs", default="64,4,3 128,4,3 64,4,4 128,4,4 128,8,3")
+    p.add_argument("--splits", type=int, default=0, help="0: choose_splits' count")
     p.add_argument("--transposed", action="store_true", help="also the turned-over kernel")
     args = p.parse_args()
     x = inputs(args)
     scale = args.head_dim**-0.5
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    splits = choose_splits(args.batch, args.kv_heads, args.ctx, args.page, sms)
+    splits = args.splits or choose_splits(args.batch, args.kv_heads, args.ctx, args.page, sms)
     kv_bytes = 2 * args.batch * args.ctx * args.kv_heads * args.head_dim * x["k"].element_size()
     bw = copy_bandwidth(torch.device("cuda"))
     ref = reference(x, 4, scale, args.page)
@@ -229,7 +230,12 @@ def main() -> None:
             out.zero_()
             fn()
             torch.cuda.synchronize()
-            rows[name] = {"max_abs_err": float((out[:4].double() - ref).abs().max()), "ms": []}
+            diff = out[:4].double() - ref
+            rows[name] = {
+                "max_abs_err": float(diff.abs().max()),
+                "rel_err": float(diff.norm() / ref.norm()),
+                "ms": [],
+            }
         except Exception as e:  # a variant Triton cannot compile is reported, not fatal
             rows[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     for _ in range(args.rounds):
@@ -240,7 +246,12 @@ def main() -> None:
     for name, r in rows.items():
         if "ms" in r:
             ms = sorted(r["ms"])[len(r["ms"]) // 2]
-            r = {"ms": ms, "of_copy_bw": kv_bytes / ms / 1e-3 / bw, "err": r["max_abs_err"]}
+            r = {
+                "ms": ms,
+                "of_copy_bw": kv_bytes / ms / 1e-3 / bw,
+                "err": r["max_abs_err"],
+                "rel_err": r["rel_err"],
+            }
         report.append({"variant": name, **r})
     print(
         json.dumps(

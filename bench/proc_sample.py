@@ -147,7 +147,13 @@ def summary(path: Path) -> dict[str, Any]:
     busy = [r for r in rows if peak and r.get("running") == peak]
     if not busy:
         return {}
+    servers = [r["api_servers"] for r in busy if r.get("api_servers")]
+    n = min((len(a) for a in servers), default=0)
     return {
+        # --api-server-count N: each server's main thread (how evenly the port spreads the load)
+        "api_main": [
+            round(sum(a[i].get("main") or 0 for a in servers) / len(servers), 1) for i in range(n)
+        ],
         "samples": len(busy),
         "running": _mean(busy, "running"),
         "waiting": _mean(busy, "waiting"),

@@ -212,10 +212,13 @@ def decode_attention(
     if f16 is None:
         f16 = k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
     # (tokens per tile, warps, pipeline stages)
-    # 64 tokens, 4 warps, 3 stages read the cache fastest at batch 64 and 256 on an H200; an
-    # e4m3 cache widened to fp16 takes 128-token tiles (bench.decode_attention_ab, H200, batch
-    # 256 and 32 at 1,152 tokens: 0.31-0.32 ms against 0.38 for the bf16-widened 64-token form).
-    default = (128, 4, 3) if f16 else (64, 4, 3)
+    # 64 tokens, 4 warps, 3 stages read the cache fastest at batch 64 and 256 on an H200. An
+    # e4m3 cache widened to fp16 reads rows of half the bytes, so more of them must be in flight:
+    # 64-token tiles, 2 warps, 5 stages (bench.attn_variants, H200, batch 256 at 1,536 tokens,
+    # 2026-11-28, two calls: 0.32 ms a layer against 0.38-0.39 for the 128-token, 4-warp,
+    # 3-stage tiles before; batch 32 the same within the noise; products in e4m3 instead, with
+    # the query scaled to e4m3 a row, were no faster and 30x less exact).
+    default = (64, 2, 5) if f16 else (64, 4, 3)
     block_n, warps, stages = config or ((32, 4, 2) if ieee or d_pad > 128 else default)
     if paged_bt is None:
         paged_bt = f16
