@@ -3,11 +3,10 @@ the supervisor (app/supervisor.py).
 
 Its spec (the configuration, its index, the listening socket's descriptor, where to reach the
 shared engine core, the shared admission counters' file) comes down stdin, pickled and
-length-prefixed, as the engine core's does (engine/transport/process.py). Its listening socket is
-inherited: one of the port's SO_REUSEPORT group (supervisor.listeners), so the kernel gives each
-connection to one of the servers. It runs the single-process gateway's app and GatewayServer
-over a CoreClient attached to the shared core, and exits once the supervisor is gone (never an
-orphan).
+length-prefixed, as the engine core's does (engine/transport/process.py). The listening socket is
+inherited, so every server accepts on the one port and the kernel gives each connection to one of
+them. It runs the single-process gateway's app and GatewayServer over a CoreClient attached to the
+shared core, and exits once the supervisor is gone (never an orphan).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """supervise(config): --api-server-count N, the serve process as the parent of one engine core
 and N API server processes that all accept on its one port.
 
-    supervisor   binds the port, a socket a server (SO_REUSEPORT: listeners); a run directory
-    │            (/tmp/gateway-core-*) holds the core's sockets, prometheus_client's
-    │            multiprocess files and the shared admission counts
+    supervisor   binds the port once; a run directory (/tmp/gateway-core-*) holds the core's
+    │            sockets, prometheus_client's multiprocess files and the shared admission counts
     ├─ engine core        engine/transport/process.py, its stdin the supervisor's lifeline as before
     └─ api-server-0..N-1  app/api_server.py, each an app + GatewayServer over a CoreClient
                           attached to the core (engine/transport/attach.py,
@@ -34,6 +33,7 @@ from types import FrameType
 from trtllm_gateway.app.api_server import ApiServerSpec
 from trtllm_gateway.app.server import ENGINE_DIED_EXIT, STARTUP_TIMEOUT_EXIT
 from trtllm_gateway.config.gateway import GatewayConfig
+from trtllm_gateway.config.server import ServerConfig
 from trtllm_gateway.engine.factory import launch_shared_core
 from trtllm_gateway.engine.transport.attach import Attachment, client_addresses
 from trtllm_gateway.engine.transport.launch import Launcher
@@ -48,56 +48,27 @@ BACKLOG = 2048  # uvicorn's default
 
 
 def supervise(config: GatewayConfig) -> int:
-    count = config.server.api_server_count
-    assert count is not None  # decided by app/api_server_count.py
     try:
-        socks = listeners(config.server.host, config.server.port, count)
+        sock = _bind(config.server)
     except OSError as exc:
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 1
     folder = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
     try:
-        return Supervisor(config, socks, folder).run()
+        return Supervisor(config, sock, folder).run()
     finally:
-        for sock in socks:
-            sock.close()
+        sock.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def listeners(host: str, port: int, count: int) -> list[socket.socket]:
-    """A listening socket a server on the one port. With SO_REUSEPORT (Linux) each server has its
-    own and the kernel spreads new connections over them by a hash of their addresses; on one
-    shared socket the servers' accepts are woken unevenly (two of four at 100% of a core while
-    two idled, docs/benchmarks.md). Without SO_REUSEPORT every server gets the one socket."""
-    if not hasattr(socket, "SO_REUSEPORT"):
-        return [_bind(host, port, reuse_port=False)] * count
-    # Any socket of this user that set SO_REUSEPORT could join a group on the port: refuse a port
-    # in use first, as a plain bind does (another gateway there must not get half the traffic).
-    if port:
-        _bind(host, port, reuse_port=False, listen=False).close()
-    first = _bind(host, port, reuse_port=True)
-    socks = [first]
-    try:
-        for _ in range(count - 1):
-            socks.append(_bind(host, first.getsockname()[1], reuse_port=True))
-    except OSError:
-        for sock in socks:
-            sock.close()
-        raise
-    return socks
-
-
-def _bind(host: str, port: int, reuse_port: bool, listen: bool = True) -> socket.socket:
-    """A socket bound as uvicorn binds its own (Config.bind_socket), inheritable."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def _bind(server: ServerConfig) -> socket.socket:
+    """The one listening socket, bound as uvicorn binds its own (Config.bind_socket)."""
+    family = socket.AF_INET6 if ":" in server.host else socket.AF_INET
     sock = socket.socket(family)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
-        sock.bind((host, port))
-        if listen:
-            sock.listen(BACKLOG)
+        sock.bind((server.host, server.port))
+        sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise
@@ -106,16 +77,17 @@ def _bind(host: str, port: int, reuse_port: bool, listen: bool = True) -> socket
 
 
 class Supervisor:
-    def __init__(self, config: GatewayConfig, socks: list[socket.socket], folder: str) -> None:
+    def __init__(self, config: GatewayConfig, sock: socket.socket, folder: str) -> None:
         self.config = config
-        self.socks = socks
+        self.sock = sock
         self.folder = folder
         self.servers: list[subprocess.Popen[bytes]] = []
         self.core: Launcher | None = None
         self._signals = 0
 
     def run(self) -> int:
-        count = len(self.socks)
+        count = self.config.server.api_server_count
+        assert count is not None  # decided before: app/api_server_count.py
         metrics_dir = os.path.join(self.folder, "metrics")
         os.mkdir(metrics_dir)
         counts = os.path.join(self.folder, "admission")
@@ -128,14 +100,9 @@ class Supervisor:
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
         for index in range(count):
             attach = Attachment(addresses[index], self.core.pid)
-            spec = ApiServerSpec(self.config, index, self.socks[index].fileno(), attach, counts)
+            spec = ApiServerSpec(self.config, index, self.sock.fileno(), attach, counts)
             self.servers.append(self._spawn(spec, env))
-        host, port = self.socks[0].getsockname()[:2]
-        for sock in self.socks:
-            # Each server holds its own: once it exits (a drain that finished first) its socket
-            # leaves the port's group and new connections go to the others, not into a backlog
-            # nobody accepts from.
-            sock.close()
+        host, port = self.sock.getsockname()[:2]
         pids = ", ".join(str(p.pid) for p in self.servers)
         logger.info(
             "%d API servers (pids %s) on http://%s:%d, one engine core (pid %d)",
