@@ -279,3 +279,78 @@ async def test_stop_ends_open_streams_with_abort() -> None:
     events = [ev async for ev in gen]
     assert events[-1].finish_reason == "abort"
     assert c.health().state == "draining"
+
+
+class CopyingCore(ScriptedCore):
+    """Request "copying" makes no token: its KV copy is in flight until `copied` is set, and an
+    abort is answered only then (as kv_handoffs.KvHandoffs answers one mid-load)."""
+
+    copied = threading.Event()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted_mid_copy: list[int] = []  # the abort's usage state, answered after the copy
+
+    def handle(self, msg: m.Inbound, frames: list[bytes]) -> tuple[m.Reply, bytes | None] | None:
+        if isinstance(msg, m.Abort) and msg.request_id == "copying":
+            self.aborted_mid_copy = self.live.pop("copying", [0, 0, 0])
+            return None
+        return super().handle(msg, frames)
+
+    def has_work(self) -> bool:
+        return super().has_work() or bool(self.aborted_mid_copy)
+
+    def step(self) -> None:
+        copying = self.live.pop("copying", None)
+        super().step()
+        if copying is not None:
+            self.live["copying"] = copying
+        if self.aborted_mid_copy and self.copied.is_set():
+            self.out.append(("copying", self._final((), "abort", self.aborted_mid_copy)))
+            self.aborted_mid_copy = []
+
+
+async def test_an_abort_mid_copy_settles_only_with_the_cores_last_word() -> None:
+    """remote_prefill frees the region a decode request's KV is copied from once the core has
+    settled the request (capabilities.AbortSettling): a client gone before the first event must
+    not free it under the copy."""
+    CopyingCore.copied.clear()
+    c = CoreClient(ThreadLauncher(CopyingCore), "scripted", 16)
+    await c.start()
+    try:
+        settled: list[str] = []
+        gen = c.generate(req("copying", max_tokens=8))
+        first = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0.1)
+        first.cancel()  # the client is gone before any event
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await gen.aclose()
+        c.when_settled("copying", lambda: settled.append("copying"))
+        await asyncio.sleep(0.2)
+        assert settled == []  # the copy is still in flight
+        # Nothing outstanding: at once (a request that finished, or one never sent).
+        assert [ev async for ev in c.generate(req("done", max_tokens=2))][-1].finish_reason
+        c.when_settled("done", lambda: settled.append("done"))
+        c.when_settled("unknown", lambda: settled.append("unknown"))
+        assert settled == ["done", "unknown"]
+        CopyingCore.copied.set()
+        for _ in range(200):
+            if "copying" in settled:
+                break
+            await asyncio.sleep(0.01)
+        assert settled == ["done", "unknown", "copying"]
+        # A second abort of it mid-copy, then the core stops: settled by the stop.
+        CopyingCore.copied.clear()
+        gen = c.generate(req("copying", max_tokens=8))
+        first = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0.1)
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await gen.aclose()
+        c.when_settled("copying", lambda: settled.append("stopped"))
+    finally:
+        CopyingCore.copied.set()
+        await c.stop()
+    assert settled[-1] == "stopped"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -242,3 +243,48 @@ async def test_an_expired_hand_off_is_a_lost_prompt_not_a_dead_sibling() -> None
     _, stats = await run(sibs)
     assert stats.outcomes == {"local_fallback": 1}
     assert stats.siblings_healthy.get("http://p1") is not False
+
+
+class SettlingEngine(HandoffEngine):
+    """Says when an aborted request is settled (capabilities.AbortSettling) only when told."""
+
+    def __init__(self) -> None:
+        super().__init__(INFO, [5, 6], first_token_delay_s=30.0)
+        self.waiting: dict[str, Callable[[], None]] = {}
+
+    def when_settled(self, request_id: str, fn: Callable[[], None]) -> None:
+        self.waiting[request_id] = fn
+
+
+async def test_a_client_gone_before_the_first_event_frees_the_copy_regions_once_settled() -> None:
+    """The core may still copy the prompt's KV from the receive arena (or a sibling's staged
+    region) after the client went away: remote_prefill frees the region on the core's last word
+    on the request, not when the stream closes."""
+    sibs = Siblings({"p1": lambda n: ok()})
+    config = Settings(
+        mode="decode", prefill_url=["http://p1"], max_local_prefill_tokens=0, kv_routing=False
+    ).parts()
+    inner = SettlingEngine()
+    engine = RemotePrefillEngine(
+        inner, config.disagg, RemotePrefillStats(), transport=sibs.transport()
+    )
+    await engine.start()
+    freed: list[str] = []
+    engine._receive.free = freed.append  # type: ignore[method-assign]
+    try:
+        gen = engine.generate(GenerateRequest("r", PROMPT, SamplingParams(max_tokens=2)))
+        first = asyncio.ensure_future(gen.__anext__())
+        for _ in range(200):  # the sibling answered and the core has the request
+            if "p1 POST " + wire.PREFILL_PATH in sibs.seen and not first.done():
+                await asyncio.sleep(0.05)
+                break
+            await asyncio.sleep(0.01)
+        first.cancel()  # the client is gone before the first event
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await gen.aclose()
+        assert freed == [] and list(inner.waiting) == ["r"]
+        inner.waiting.pop("r")()  # the core's last word on it
+        assert freed == ["r"]
+    finally:
+        await engine.stop()

@@ -1,13 +1,15 @@
 """Engine capabilities: what the app reads from an engine, and what only some engines can do.
 
 EngineExtras is read once the engine has started (every engine has it). The rest are checked with
-isinstance where they are used: KvHandoff by the sibling KV endpoints, KvEventSource by the KV
-event stream and its ZMQ publisher, ImageEncoding by the sibling encode endpoint.
+isinstance where they are used: KvHandoff by the sibling KV endpoints, AbortSettling by the
+remote prefill wrapper, KvEventSource by the KV event stream and its ZMQ publisher,
+ImageEncoding by the sibling encode endpoint.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -66,6 +68,21 @@ class KvHandoff(Protocol):
     def cached_prefix_tokens(self, prompt_token_ids: tuple[int, ...]) -> int:
         """Prompt tokens the local prefix cache already holds (conditional disaggregation)."""
         ...
+
+
+@runtime_checkable
+class AbortSettling(Protocol):
+    """Engines that say when an aborted request's core is past it (the built-in core's client).
+
+    A decode request aborted before its first event may still be copying its KV from a region
+    (the API server's receive arena, a same-host sibling's staged region): that region is freed
+    only then, or a new hand-off written into it could reach the copy and, were the abort to
+    come after the copy, the prefix cache.
+    """
+
+    def when_settled(self, request_id: str, fn: Callable[[], None]) -> None:
+        """Call fn once the core has sent its last word on request_id; at once if nothing is
+        outstanding."""
 
 
 @runtime_checkable

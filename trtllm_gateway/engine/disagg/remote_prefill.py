@@ -32,7 +32,7 @@ import msgspec
 
 from trtllm_gateway.config.disagg import DisaggConfig
 from trtllm_gateway.config.prefill_pools import parse_prefill_pools, pool_for
-from trtllm_gateway.engine.capabilities import EngineExtras, KvHandoff
+from trtllm_gateway.engine.capabilities import AbortSettling, EngineExtras, KvHandoff
 from trtllm_gateway.engine.disagg import kv_check, kv_nixl, kv_stream, kv_wire
 from trtllm_gateway.engine.disagg import sibling_wire as wire
 from trtllm_gateway.engine.disagg.kv_follow import KvFollower
@@ -222,13 +222,28 @@ class RemotePrefillEngine:
                     finally:
                         await local.aclose()  # type: ignore[attr-defined]
             finally:
-                if lease is not None:
-                    self._done_with(lease, copied=False)
                 await stream.aclose()  # type: ignore[attr-defined]
-                self._receive.free(req.request_id)
+                self._after_copy(req.request_id, lease, copied=not first)
         finally:
             if room is not None:
                 room.release()
+
+    def _after_copy(
+        self, request_id: str, lease: tuple[Sibling, str, int, float] | None, copied: bool
+    ) -> None:
+        """Free the regions the core copied the KV from (the sibling's staged one, our receive
+        arena's): at once when the first event said the copy was done, else once the core has
+        settled the aborted request (capabilities.AbortSettling), never under a copy."""
+
+        def free() -> None:
+            if lease is not None:
+                self._done_with(lease, copied=False)
+            self._receive.free(request_id)
+
+        if copied or not isinstance(self.inner, AbortSettling):
+            free()
+        else:
+            self.inner.when_settled(request_id, free)
 
     def _done_with(self, lease: tuple[Sibling, str, int, float], copied: bool) -> None:
         """Free the sibling's staged region (a task: the stream goes on meanwhile)."""

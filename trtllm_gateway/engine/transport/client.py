@@ -19,7 +19,7 @@ import logging
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -81,6 +81,9 @@ class CoreClient:
         self._detail = ""
         self._health = EngineHealth(state="loading")
         self._queues: dict[str, asyncio.Queue[_Item]] = {}
+        # Requests closed before their last event (a client gone): the core's last word on each
+        # (its final event or error) is still to come, and who waits for it (when_settled).
+        self._abandoned: dict[str, list[Callable[[], None]]] = {}
         self._replies: dict[int, asyncio.Future[KvRegion]] = {}
         self.arenas = HostArenas()  # the core's staging arena, read in place (pull_kv)
         self._cookies = itertools.count()
@@ -176,6 +179,26 @@ class CoreClient:
     def abort(self, request_id: str) -> None:
         if self._state in ("ready", "draining"):
             self._send(m.Abort(request_id))
+
+    def when_settled(self, request_id: str, fn: Callable[[], None]) -> None:
+        """AbortSettling: fn once the core has said its last on request_id, at once if nothing
+        of it is outstanding. A request aborted mid-copy of its KV ends with a final event after
+        the copy (engine/builtin/kv_handoffs.py), so the region it read may be reused then."""
+        waiters = self._abandoned.get(request_id)
+        if waiters is None:
+            fn()
+        else:
+            waiters.append(fn)
+
+    def _abandon(self, request_id: str) -> None:
+        """A stream closed before its last event: abort it, and watch for the core's last word."""
+        if self._state in ("ready", "draining"):
+            self._abandoned.setdefault(request_id, [])
+        self.abort(request_id)
+
+    def _settled(self, request_id: str) -> None:
+        for fn in self._abandoned.pop(request_id, ()):
+            fn()
 
     async def stage_kv(self, ctx_request_id: str) -> KvRegion:
         """Where the core staged a held context phase's KV; it stays until release_kv."""
@@ -276,7 +299,8 @@ class CoreClient:
         if self._inbox is not None:
             self._inbox.send_multipart([data, *frames], copy=not frames)
         # Closed with this generator, so an abort is sent at once, not when it is collected.
-        async with contextlib.aclosing(follow(self._queues, add.request_id, self.abort)) as events:
+        events = follow(self._queues, add.request_id, self._abandon)
+        async with contextlib.aclosing(events):
             async for item in events:
                 yield item
 
@@ -306,10 +330,14 @@ class CoreClient:
                     q = queues.get(request_id)
                     if q is not None:
                         q.put_nowait(ev)
+                    elif ev.finish_reason is not None and request_id in self._abandoned:
+                        self._settled(request_id)
                 for request_id, err in msg.errors:
                     q = queues.get(request_id)
                     if q is not None:
                         q.put_nowait(err.exception())
+                    elif request_id in self._abandoned:
+                        self._settled(request_id)
             elif isinstance(msg, m.Reply):
                 fut = self._replies.pop(msg.cookie, None)
                 if fut is not None and not fut.done():
@@ -375,6 +403,8 @@ class CoreClient:
             if not fut.done():
                 fut.set_exception(err)
         self._replies.clear()
+        for request_id in list(self._abandoned):  # no copy of the core's goes on
+            self._settled(request_id)
 
     def _bind(self) -> Addresses:
         addrs = self.addresses or self._own_addresses()
