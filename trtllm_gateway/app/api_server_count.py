@@ -3,8 +3,9 @@
 One API server's event loop renders and sends ~15k SSE chunks a second on an H100 host's core
 (docs/benchmarks.md, "The API server's cost a chunk"), and the built-in engine on a GPU emits
 three times that at a large batch of a small model; so a GPU host runs one server per
-CORES_PER_SERVER cores, at most MAX_AUTO (a 16-core host: 4, the count measured best there,
-docs/performance.md). A CPU engine needs the cores itself and emits far fewer tokens: 1.
+CORES_PER_SERVER cores, at most MAX_AUTO (a 16-core host: 4; eight served no more there, 135M at
+256 running on an H200: docs/benchmarks.md, "GPU: the serving core's step loop at 256 running").
+A CPU engine needs the cores itself and emits far fewer tokens: 1.
 """
 
 from __future__ import annotations
