@@ -12,6 +12,7 @@ request without stops, and their answers stay what they are alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -70,15 +71,34 @@ async def _attacker(
 
 
 async def _beside(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any]
+    client: httpx.AsyncClient, server: Server, body: dict[str, Any]
 ) -> tuple[list[str], float]:
-    """The victims sent once the attacker streams: their texts and worst time to first token."""
+    """The victims sent once the attacker streams: their texts and worst time to first token.
+
+    The attacker streams beside the victims from their first byte to their last; once they are
+    done its remaining tokens measure nothing, so it is cancelled (its requests aborted) rather
+    than streamed to max_tokens, and the next measurement waits until the engine is idle again.
+    """
+    url = server.url
     started = asyncio.Event()
     attacker = asyncio.create_task(_attacker(client, url, body, started))
     await asyncio.wait_for(started.wait(), 120)
     done = await asyncio.gather(*(_victim(client, url, p) for p in VICTIM_PROMPTS))
-    await attacker
+    assert not attacker.done(), "the attacker ended before the victims: it was not beside them"
+    attacker.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await attacker
+    await _idle(server)
     return [text for text, _ in done], max(ttft for _, ttft in done)
+
+
+async def _idle(server: Server, limit_s: float = 60.0) -> None:
+    """Until the engine runs and queues nothing (the cancelled attacker's rows aborted)."""
+    deadline = time.monotonic() + limit_s
+    busy = ("trtllm_gateway:num_requests_running", "trtllm_gateway:num_requests_waiting")
+    while sum(server.metric(name) for name in busy) > 0:
+        assert time.monotonic() < deadline, "the aborted attacker still runs"
+        await asyncio.sleep(0.05)
 
 
 async def test_stop_strings_do_not_stall_the_victims(server: Server) -> None:
@@ -88,8 +108,8 @@ async def test_stop_strings_do_not_stall_the_victims(server: Server) -> None:
         r = await client.post(f"{url}/v1/chat/completions", json={**ATTACK, "stop": ISSUE_STOPS})
         assert r.status_code == 400, r.text[:300]
         assert r.json()["error"]["param"] == "stop"
-        plain, control = await _beside(client, url, ATTACK)
-        beside, worst = await _beside(client, url, {**ATTACK, "stop": LONGEST})
+        plain, control = await _beside(client, server, ATTACK)
+        beside, worst = await _beside(client, server, {**ATTACK, "stop": LONGEST})
     print(f"victims' worst TTFT: {control:.2f} s beside n=16, {worst:.2f} s with its stops")
     assert plain == expected
     assert beside == expected
