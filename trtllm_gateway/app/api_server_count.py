@@ -34,19 +34,21 @@ def api_server_count(config: GatewayConfig, cores: int, gpu: bool | None) -> int
         return asked
     if unshareable(config.engine, config.disagg) is not None:
         return 1
+    count = min(MAX_AUTO, cores // CORES_PER_SERVER)
     device = config.engine.device
-    if device == "cpu":
+    if count <= 1 or device == "cpu":
         return 1
-    if not device.startswith("cuda"):
-        gpu = _has_gpu() if gpu is None else gpu
-        if not gpu:
-            return 1
-    return max(1, min(MAX_AUTO, cores // CORES_PER_SERVER))
+    if not device.startswith("cuda") and not (_has_gpu() if gpu is None else gpu):
+        return 1
+    return count
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (a container's cpuset, taskset), not the host's."""
-    return len(os.sched_getaffinity(0))
+    """The cores this process may run on (a container's cpuset, taskset), not the host's;
+    where the OS cannot say (macOS has no sched_getaffinity), the host's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _has_gpu() -> bool:
