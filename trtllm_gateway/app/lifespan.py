@@ -74,6 +74,8 @@ async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
         )
         state.tokenizer_path = str(path.resolve())
         _bind_metrics(state, extras)
+        if state.admission.shared is not None:  # ready once every API server is
+            state.admission.shared.mark_ready()
         logger.info("ready: model %s (tokenizer from %s)", state.model_name, path)
     except Exception as exc:
         logger.exception("engine failed to start")

@@ -91,7 +91,7 @@ class Supervisor:
         metrics_dir = os.path.join(self.folder, "metrics")
         os.mkdir(metrics_dir)
         counts = os.path.join(self.folder, "admission")
-        SharedCounts.create(counts)
+        SharedCounts.create(counts, count)
         addresses = client_addresses(self.folder, count)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)

@@ -5,6 +5,11 @@ flock, so "in flight" and the refusals count every server's requests: a request 
 gets its 503 whichever process accepted its connection. A reservation costs one lock round (a few
 microseconds), once per request, never per token. A server that dies holding slots would leak
 them, but then the supervisor stops every server.
+
+It also counts the servers that have loaded: each says it is ready only once every one has
+(servers_ready), since any of them may take the next connection. Before, /health answered 200 from
+the first server ready while another still answered 503 "loading" for ~0.2 s (a CI run's
+request landed there).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import os
 import struct
 from collections.abc import Iterator
 
-_FIELDS = ("in_flight", "queue_full", "draining")
+_FIELDS = ("in_flight", "queue_full", "draining", "servers", "servers_ready")
 _LAYOUT = struct.Struct(f"<{len(_FIELDS)}q")
 
 
@@ -27,10 +32,10 @@ class SharedCounts:
         self._map = mmap.mmap(self._fd, _LAYOUT.size)
 
     @staticmethod
-    def create(path: str) -> None:
-        """The zeroed file, made once by the supervisor before any server starts."""
+    def create(path: str, servers: int = 1) -> None:
+        """The file, made once by the supervisor before any server starts."""
         with open(path, "wb") as f:
-            f.write(bytes(_LAYOUT.size))
+            f.write(_LAYOUT.pack(0, 0, 0, servers, 0))
 
     def try_reserve(self, weight: int, capacity: int | None) -> bool:
         """Add weight to in_flight unless that passes capacity while others are in flight
@@ -51,12 +56,22 @@ class SharedCounts:
         with self._locked() as counts:
             counts[2] += 1
 
+    def mark_ready(self) -> None:
+        """This server has loaded (once per server)."""
+        with self._locked() as counts:
+            counts[4] += 1
+
+    def servers_ready(self) -> tuple[int, int]:
+        """(servers loaded, servers)."""
+        counts = _LAYOUT.unpack_from(self._map)
+        return int(counts[4]), int(counts[3])
+
     @property
     def in_flight(self) -> int:
         return int(_LAYOUT.unpack_from(self._map)[0])
 
     def rejected(self) -> dict[str, int]:
-        _, queue_full, draining = _LAYOUT.unpack_from(self._map)
+        _, queue_full, draining, _, _ = _LAYOUT.unpack_from(self._map)
         return {"queue_full": queue_full, "draining": draining}
 
     @contextlib.contextmanager

@@ -35,6 +35,8 @@ class State:
     prefill_queue: PrefillQueue = field(default_factory=lambda: PrefillQueue(None))
     # A prefill instance's NIXL agent, made at a decode sibling's first GET of it.
     nixl: NixlEnd = field(default_factory=lambda: NixlEnd("prefill"))
+    # Set once every API server of --api-server-count N has loaded (SharedCounts.servers_ready).
+    _servers_ready: bool = field(default=False, repr=False)
     _model_name: str | None = field(default=None, repr=False)
     _stopping: asyncio.Future[None] | None = field(default=None, repr=False)
 
@@ -69,4 +71,12 @@ class State:
             return replace(health, state="draining", detail="")
         if health.state == "ready" and self.tokenizer is None:
             return EngineHealth(state="loading", detail="loading the tokenizer")
+        if health.state == "ready" and not self._servers_ready:
+            shared = self.admission.shared
+            ready, servers = shared.servers_ready() if shared is not None else (1, 1)
+            if ready < servers:
+                # Any server may take the next connection: ready only when every one is.
+                detail = f"waiting for the other API servers ({ready} of {servers} loaded)"
+                return EngineHealth(state="loading", detail=detail)
+            self._servers_ready = True
         return health
