@@ -35,12 +35,13 @@ from trtllm_gateway.engine.builtin.model import (
     RMSNorm,
 )
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
+from trtllm_gateway.engine.builtin.pack_cache import PackCache, Packs
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
 from trtllm_gateway.engine.builtin.quant import quantize_int8
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder, load_encoder
 from trtllm_gateway.engine.builtin.vision.spec import is_vision_checkpoint, language_config
 from trtllm_gateway.engine.builtin.weights import build_model
-from trtllm_gateway.engine.model_source import resolve_model
+from trtllm_gateway.engine.model_source import cache_root, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,10 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
             raise ValueError("--quantization int8 is for the CPU path; CUDA runs bf16")
         logger.info("int8 weight copies for %d linear layers", quantize_int8(model))
     elif config.packed_weights != "off" and device.type == "cpu" and dtype == torch.float32:
-        kernels = _pack(model, int8=config.packed_weights == "int8", progress=progress)
+        cache = None
+        if config.load_format != "dummy" and model_dir is not None:
+            cache = PackCache(model_dir, cache_root(config.cache_dir))
+        kernels = _pack(model, config.packed_weights == "int8", cache, progress)
     kv_dtype = fp8.FP8 if config.fp8_kv else dtype
     num_blocks = _num_blocks(config, cfg, kv_dtype, device)
     bs = config.block_size
@@ -189,8 +193,11 @@ def _num_blocks(
     return max(2, budget // block_bytes)
 
 
-def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> ModuleType | None:
-    """Pack the model's GGUF-block weights for the CPU kernels; the kernels' module, or None."""
+def _pack(
+    model: LlamaModel, int8: bool, cache: PackCache | None, progress: Callable[[str], None]
+) -> ModuleType | None:
+    """Pack the model's GGUF-block weights for the CPU kernels (reading an earlier start's packs
+    from the cache when it has them); the kernels' module, or None."""
     if not is_built():
         progress("building CPU kernels (first start of this install; cached for later starts)")
     kernels = block_gemm()
@@ -204,9 +211,13 @@ def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> Mod
                 kernels.simd_path(),
             )
             int8 = False
-        counts = pack_linears(model, kernels, int8)
+        known = cache.load() if cache is not None else None
+        counts, packs = pack_linears(model, kernels, int8, known)
+        if cache is not None and not _all_reused(packs, known):
+            cache.save(packs)
         acts = "int8 activations, every step" if int8 else "float32 activations, small steps"
-        logger.info("packed weights (%s): %s", acts, dict(counts))
+        how = f"from {cache.path}" if known is not None and cache is not None else "packed now"
+        logger.info("packed weights (%s, %s): %s", acts, how, dict(counts))
         # A decode row's attention: heads x context x head_dim, twice (scores, then values).
         decode = sized(decode_kernel(kernels), _attn_fmas)
         model.attn_fn = functools.partial(paged_attention, decode=decode)
@@ -218,6 +229,13 @@ def _pack(model: LlamaModel, int8: bool, progress: Callable[[str], None]) -> Mod
             elif isinstance(m, MLP):
                 m.silu_mul = kernels.silu_mul
     return kernels
+
+
+def _all_reused(packs: Packs, known: Packs | None) -> bool:
+    """Every layer's pack is the cached object itself (nothing packed now)."""
+    if known is None or packs.keys() != known.keys():
+        return False
+    return all(pack is known[name] for name, pack in packs.items())
 
 
 def _attn_fmas(

@@ -26,6 +26,7 @@ from torch import nn
 
 from trtllm_gateway.engine.builtin.cpu_threads import call_sized
 from trtllm_gateway.engine.builtin.model import linear_layers
+from trtllm_gateway.engine.builtin.pack_cache import Packs
 
 QK = 32  # weights per block
 LANES = 16  # output columns per register group of the int8 kernel
@@ -151,18 +152,56 @@ class PackedLinear(nn.Module):
         return f"{self.kind} x {act}, in={self.weight.shape[1]}, out={self.weight.shape[0]}"
 
 
-def pack_linears(model: nn.Module, kernels: ModuleType, int8: bool = False) -> Counter[str]:
-    """Swap every exactly-packable nn.Linear for a PackedLinear (int8: with int8 activations);
-    counts by kind ('dense' = kept)."""
+def pack_linears(
+    model: nn.Module, kernels: ModuleType, int8: bool = False, known: Packs | None = None
+) -> tuple[Counter[str], Packs]:
+    """Swap every exactly-packable nn.Linear for a PackedLinear (int8: with int8 activations).
+
+    known: an earlier start's packs of the same weights (pack_cache.py), used where they fit the
+    layer's shape instead of packing again. Returns the counts by kind ('dense' = kept) and the
+    packs by the layer's qualified name, for the cache."""
     counts: Counter[str] = Counter()
-    targets = linear_layers(model)
-    for parent, name, child in targets:
-        for kind, pack in (("q4_1", pack_q4_1), ("q8_0", pack_q8_0)):
-            packed = pack(child.weight)
-            if packed is not None:
-                setattr(parent, name, PackedLinear(child, kind, packed, kernels, int8))
-                counts[kind] += 1
-                break
+    names = {id(m): n for n, m in model.named_modules()}
+    packs: Packs = {}
+    for parent, attr, child in linear_layers(model):
+        name = f"{names[id(parent)]}.{attr}".lstrip(".")
+        if known is not None and name in known and _fits(known[name], child.weight):
+            pack = known[name]
         else:
+            pack = _pack_one(child.weight)
+        packs[name] = pack
+        if pack is None:
             counts["dense"] += 1
-    return counts
+        else:
+            setattr(parent, attr, PackedLinear(child, pack[0], pack[1], kernels, int8))
+            counts[pack[0]] += 1
+    return counts, packs
+
+
+def _pack_one(w: torch.Tensor) -> tuple[str, tuple[torch.Tensor, torch.Tensor]] | None:
+    for kind, pack in (("q4_1", pack_q4_1), ("q8_0", pack_q8_0)):
+        packed = pack(w)
+        if packed is not None:
+            return kind, packed
+    return None
+
+
+def _fits(pack: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None, w: torch.Tensor) -> bool:
+    """A cached pack (or a cached 'dense') that matches the layer's weight shape."""
+    if pack is None:
+        return True
+    n, k = w.shape
+    kind, (qs, scales) = pack
+    s_shape: tuple[int, ...]
+    if kind == "q4_1":
+        q_shape, q_dtype, s_shape = (n, k // 2), torch.uint8, (n, k // QK, 2)
+    elif kind == "q8_0":
+        q_shape, q_dtype, s_shape = (n, k), torch.int8, (n, k // QK)
+    else:
+        return False
+    return (
+        tuple(qs.shape) == q_shape
+        and qs.dtype == q_dtype
+        and tuple(scales.shape) == s_shape
+        and scales.dtype == torch.float32
+    )
