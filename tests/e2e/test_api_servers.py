@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import json
 import re
 import signal
@@ -31,7 +30,7 @@ from tests.e2e.server import Server
 CAPACITY = 3  # --max-batch-size 3, --max-queued-requests 0
 ARGS = ["--api-server-count", "2", "--num-kv-blocks", "256", "--max-batch-size", str(CAPACITY)]
 _ACCESS = re.compile(r" api-server-(\d) INFO trtllm_gateway\.access \[([^\]]+)\] request (\{.*\})")
-RUN_DIRS = "/tmp/gateway-core-*"
+RUN_DIR = "gateway-core-*"  # under the server's TMPDIR: each test gives its own
 
 
 @pytest.fixture(scope="module")
@@ -163,18 +162,21 @@ def _tree(srv: Server) -> list[psutil.Process]:
     return psutil.Process(srv.proc.pid).children(recursive=True)
 
 
-def _ours(before: set[str]) -> set[str]:
-    return set(glob.glob(RUN_DIRS)) - before
+def _ours(tmp: Path) -> list[Path]:
+    """The run directories a test's gateway made (its TMPDIR is the test's own, so another
+    gateway on the machine is not counted)."""
+    return list(tmp.glob(RUN_DIR))
 
 
-async def test_sigterm_drains_every_server_and_leaves_nothing(log_dir: Path) -> None:
-    dirs = set(glob.glob(RUN_DIRS))
-    s = Server(args=[*ARGS, "--shutdown-timeout", "60"]).start(log_dir)
+async def test_sigterm_drains_every_server_and_leaves_nothing(
+    log_dir: Path, tmp_path: Path
+) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    s = Server(args=[*ARGS, "--shutdown-timeout", "60"], env=env).start(log_dir)
     try:
         children = _tree(s)
         assert len(children) == 3  # the core and two API servers
-        run_dir = _ours(dirs)
-        assert len(run_dir) == 1
+        assert len(_ours(tmp_path)) == 1
         started = [asyncio.Event() for _ in range(CAPACITY)]
         async with fresh() as client:
             streams = [
@@ -195,7 +197,7 @@ async def test_sigterm_drains_every_server_and_leaves_nothing(log_dir: Path) -> 
             assert result.finish_reasons == ["length"] and result.done, result
         assert await asyncio.to_thread(s.proc.wait, 30) == 0, s.log()
         assert not [c for c in children if c.is_running()]
-        assert not _ours(dirs), "the run directory was left behind"
+        assert not _ours(tmp_path), "the run directory was left behind"
     finally:
         s.stop(signal.SIGKILL)
 
@@ -232,9 +234,8 @@ async def _all_started(
 
 
 @pytest.mark.parametrize("victim", ["core", "api-server"])
-async def test_a_dead_process_stops_them_all(log_dir: Path, victim: str) -> None:
-    dirs = set(glob.glob(RUN_DIRS))
-    s = Server(args=ARGS).start(log_dir)
+async def test_a_dead_process_stops_them_all(log_dir: Path, victim: str, tmp_path: Path) -> None:
+    s = Server(args=ARGS, env={"TMPDIR": str(tmp_path)}).start(log_dir)
     try:
         children = _tree(s)
         core = [c for c in children if "engine.transport.process" in " ".join(c.cmdline())]
@@ -248,7 +249,7 @@ async def test_a_dead_process_stops_them_all(log_dir: Path, victim: str) -> None
         assert time.monotonic() - t0 < 20
         psutil.wait_procs(children, timeout=5)
         assert not [c for c in children if c.is_running()]
-        assert not _ours(dirs)
+        assert not _ours(tmp_path)
     finally:
         s.stop(signal.SIGKILL)
 
@@ -264,29 +265,28 @@ async def _watch_tree(s: Server, seen: set[psutil.Process], limit_s: float) -> i
     return await asyncio.to_thread(s.proc.wait, 1)
 
 
-async def test_startup_timeout_stops_them_all(log_dir: Path) -> None:
-    dirs = set(glob.glob(RUN_DIRS))
-    s = Server(args=[*ARGS, "--startup-timeout", "0.5"]).start(log_dir, wait=False)
+async def test_startup_timeout_stops_them_all(log_dir: Path, tmp_path: Path) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    s = Server(args=[*ARGS, "--startup-timeout", "0.5"], env=env).start(log_dir, wait=False)
     try:
         seen: set[psutil.Process] = set()
         assert await _watch_tree(s, seen, 60) == 4, s.log()
         assert len(seen) == 3
         psutil.wait_procs(list(seen), timeout=5)
         assert not [c for c in seen if c.is_running()]
-        assert not _ours(dirs)
+        assert not _ours(tmp_path)
     finally:
         s.stop(signal.SIGKILL)
 
 
-async def test_a_killed_supervisor_leaves_no_orphan(log_dir: Path) -> None:
-    dirs = set(glob.glob(RUN_DIRS))
-    s = Server(args=ARGS).start(log_dir)
+async def test_a_killed_supervisor_leaves_no_orphan(log_dir: Path, tmp_path: Path) -> None:
+    s = Server(args=ARGS, env={"TMPDIR": str(tmp_path)}).start(log_dir)
     children = _tree(s)
     s.kill()  # SIGKILL: no drain, no cleanup of its own
     _, alive = await asyncio.to_thread(psutil.wait_procs, children, 15)
     assert not alive, s.log()
     for _ in range(50):  # the orphaned core removes the run directory on its way out
-        if not _ours(dirs):
+        if not _ours(tmp_path):
             break
         await asyncio.sleep(0.1)
-    assert not _ours(dirs)
+    assert not _ours(tmp_path)
