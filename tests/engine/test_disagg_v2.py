@@ -84,14 +84,14 @@ async def test_v2_transports_equal_aggregated(
     try:
         assert engine._transports[url] == got
         landed: list[str] = []
-        place = engine._receive.place
+        place = engine.fetch.receive.place
 
         def spy(rid: str, region: Any) -> Any:
             spot = place(rid, region)
             landed.append(rid if spot is not None else "")
             return spot
 
-        engine._receive.place = spy  # type: ignore[method-assign]
+        engine.fetch.receive.place = spy  # type: ignore[method-assign]
         for i, ids in enumerate(chat_prompts[:2]):
             req = GenerateRequest(f"v{i}", tuple(ids), greedy(16, logprobs=1))
             expected = await collect(inner, replace(req, request_id=f"agg{i}"))
@@ -100,10 +100,10 @@ async def test_v2_transports_equal_aggregated(
         assert stats.outcomes["remote"] == 2 and stats.kv_bytes > 0, stats
         if got in ("http", "nixl"):  # it landed in the receive arena, each region freed
             assert landed == ["r0", "r1"]
-            arena = engine._receive._arena
+            arena = engine.fetch.receive._arena
             assert arena is not None and arena.alloc.owners() == []
         if got == "nixl":  # read by the decode side's agent from the prefill side's arena
-            assert len(engine._nixl._remotes) == 1
+            assert len(engine.fetch._nixl._remotes) == 1
     finally:
         await engine.stop()
         if served is not None:

@@ -270,7 +270,7 @@ async def test_a_client_gone_before_the_first_event_frees_the_copy_regions_once_
     )
     await engine.start()
     freed: list[str] = []
-    engine._receive.free = freed.append  # type: ignore[method-assign]
+    engine.fetch.receive.free = freed.append  # type: ignore[method-assign]
     try:
         gen = engine.generate(GenerateRequest("r", PROMPT, SamplingParams(max_tokens=2)))
         first = asyncio.ensure_future(gen.__anext__())
