@@ -3,10 +3,13 @@ two API server processes; each maps the file and locks it on its own descriptor,
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
+from trtllm_gateway.app.drain import Drain
 from trtllm_gateway.web.admission import AdmissionControl
 from trtllm_gateway.web.errors import ServiceUnavailableError
 from trtllm_gateway.web.shared_counts import SharedCounts
@@ -66,3 +69,21 @@ def test_draining_refusals_are_counted_once_for_all(
     assert exc.value.code == "draining"
     assert b.rejections() == {"queue_full": 0, "draining": 1}
     b.reserve().release()  # closing one server's admission leaves the other's open
+
+
+async def test_a_drained_server_stays_up_until_every_server_is_idle(pair: Pair) -> None:
+    """--api-server-count N shares one listening socket: a server that has drained keeps
+    answering 503 while another still drains (exiting, it would close connections the kernel had
+    just handed it: a /health reset instead of a 503), and stops waiting at the drain's timeout."""
+    a, b = pair
+    held = b.reserve()  # a request still streaming on the other server
+    drain = Drain(a, timeout_s=30)
+    run = asyncio.create_task(drain.run())
+    await asyncio.sleep(0.3)
+    assert not run.done() and a.closed  # idle itself, admission closed, still up
+    held.release()
+    await asyncio.wait_for(run, 1)
+    b.reserve()  # never released: the timeout ends the wait
+    t0 = time.monotonic()
+    await asyncio.wait_for(Drain(a, timeout_s=0.5).run(), 3)
+    assert 0.4 < time.monotonic() - t0 < 2
