@@ -201,9 +201,23 @@ async def test_cancelling_the_consumer_aborts(
     assert result.aborted()
 
 
-async def test_request_error_is_per_request(engine: TrtllmEngine) -> None:
-    with pytest.raises(TrtllmRequestError, match="out of range"):
-        await _collect(engine.generate(_req(prompt=(5, VOCAB + 1))))
+async def test_request_error_is_per_request(
+    engine: TrtllmEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real (executor/base_worker.py _enqueue_request, 1.2): what its `try` raises becomes a
+    RequestError for that request alone; the worker goes on."""
+    from tensorrt_llm.executor.utils import RequestError
+
+    worker = engine._llm._executor.worker
+    enqueue = worker._enqueue_request
+
+    def once(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(worker, "_enqueue_request", enqueue)
+        raise RequestError("the request could not be built")
+
+    monkeypatch.setattr(worker, "_enqueue_request", once)
+    with pytest.raises(TrtllmRequestError, match="could not be built"):
+        await _collect(engine.generate(_req()))
     assert engine.health().state == "ready"
     assert len(await _collect(engine.generate(_req("ok", max_tokens=2)))) == 2
 

@@ -31,6 +31,7 @@ from trtllm_gateway.engine.stats import RemotePrefillStats
 
 ensure_on_path()
 
+from tensorrt_llm import SamplingParams as TrtSamplingParams  # noqa: E402
 from tensorrt_llm import _scripted  # noqa: E402
 from tensorrt_llm.executor.result import RequestOutput  # noqa: E402
 
@@ -273,6 +274,9 @@ async def test_cuda_graph_batch_sizes_flag_starts(model_dir: Path) -> None:
         "kv_cache_config: {mamba_ssm_cache_dtype: fp8}\n",
         "guided_decoding_backend: outlines\n",
         "cuda_graph_config: {batch_sizes: [1, 2, 4, 8], max_batch_size: 8}\n",
+        # CudaGraphConfig._generate_cuda_graph_batch_sizes ends with max_batch_size itself, so
+        # 100 generates [1..32, 64, 100]: this list is not it (the stand-in once forgot that).
+        f"cuda_graph_config: {{batch_sizes: {[*range(1, 33), 64]}, max_batch_size: 100}}\n",
     ],
 )
 def test_typed_fields_refuse_what_1_2_refuses(
@@ -419,4 +423,51 @@ async def test_requests_past_max_batch_size_wait_and_health_says_so(model_dir: P
         await asyncio.gather(*firsts, return_exceptions=True)
         for s in streams:
             await s.aclose()  # type: ignore[attr-defined]
+        await engine.stop()
+
+
+# -- a prompt id past the vocabulary -----------------------------------------------------------
+async def test_a_prompt_id_past_the_vocabulary_is_a_400_not_the_end_of_the_engine(
+    model_dir: Path,
+) -> None:
+    """Real (1.2 window): llmapi/llm.py generate_async passes prompt_token_ids to the GPU
+    unchecked (_check_arguments checks only the length on the PyTorch backend); an id past the
+    vocabulary is a device-side assert in the embedding, after which every request fails (the
+    stand-in models it: executor/result.py _first_step). The HTTP edge checks a client's ids, but
+    a sibling's context phase (routers/internal/disagg.py) reaches the engine with its own: the
+    adapter refuses such a prompt before TensorRT-LLM sees it, and the request beside it runs."""
+    engine = await _engine(model_dir)
+    try:
+        vocab = engine.info.vocab_size
+        beside = asyncio.ensure_future(_collect(engine.generate(_req("b", max_tokens=8))))
+        await asyncio.sleep(0)
+        for bad in ((1, 2, vocab), (-1, 2)):
+            with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+                await _collect(engine.generate(_req("x", prompt=bad)))
+        events = await beside
+        assert events[-1].finish_reason == "length" and len(_ids(events)) == 8
+        assert engine.health().state == "ready"
+        assert [r["prompt_token_ids"] for r in engine._llm.recorded_requests] == [[5, 6, 7]]
+    finally:
+        await engine.stop()
+
+
+async def test_the_stand_in_ends_the_engine_on_such_an_id(model_dir: Path) -> None:
+    """The stand-in's side of the test above: submitted to it directly, the id ends the request
+    beside it and every later one, as a device-side assert would."""
+    engine = await _engine(model_dir)
+    try:
+        llm = engine._llm
+        sp = TrtSamplingParams(max_tokens=8)
+        beside = llm.generate_async([5, 6, 7], sp, streaming=True)
+        bad = llm.generate_async([1, engine.info.vocab_size], sp, streaming=True)
+        with pytest.raises(Exception, match="device-side assert"):
+            async for _ in bad:
+                pass
+        with pytest.raises(Exception, match="device-side assert"):
+            async for _ in beside:
+                pass
+        with pytest.raises(RuntimeError, match="worker is gone"):
+            llm.generate_async([5, 6, 7], sp, streaming=True)
+    finally:
         await engine.stop()

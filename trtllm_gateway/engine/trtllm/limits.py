@@ -16,7 +16,8 @@ TRTLLM_MAX_BATCH_SIZE = 2048  # likewise for max_batch_size
 
 
 def check_request(req: GenerateRequest, info: EngineInfo, args: dict[str, Any]) -> None:
-    """InvalidRequestError (400) for a request TensorRT-LLM would refuse or fail.
+    """InvalidRequestError (400) for a request TensorRT-LLM would refuse or fail, or that
+    would end it (a prompt id outside the vocabulary).
 
     Without chunked prefill the PyTorch backend cannot schedule a prompt longer than one
     step's token budget (max_num_tokens); say so, naming both, instead of TensorRT-LLM failing
@@ -24,6 +25,12 @@ def check_request(req: GenerateRequest, info: EngineInfo, args: dict[str, Any]) 
     """
     if not req.prompt_token_ids:
         raise InvalidRequestError("the prompt is empty")
+    vocab = info.vocab_size
+    if vocab and not 0 <= min(req.prompt_token_ids) <= max(req.prompt_token_ids) < vocab:
+        # TensorRT-LLM passes prompt ids to the GPU unchecked: one past the vocabulary is a
+        # device-side assert in the embedding, which ends the engine for every request. The
+        # HTTP edge checks a client's ids; this also covers a sibling's (routers/internal).
+        raise InvalidRequestError(f"a prompt token id is outside the vocabulary [0, {vocab})")
     prompt, max_tokens = len(req.prompt_token_ids), req.sampling.max_tokens
     if prompt + max_tokens > info.max_model_len:
         raise ContextTooLongError(prompt, max_tokens, info.max_model_len)

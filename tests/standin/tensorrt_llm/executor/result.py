@@ -257,9 +257,18 @@ class RequestOutput:
     def _first_step(self) -> None:
         vocab = self._llm._vocab_size
         if any(not 0 <= t < vocab for t in self.prompt_token_ids):
+            # Real (1.2 window): llmapi/llm.py generate_async passes prompt_token_ids through
+            # unchecked (_check_arguments checks only the length on the PyTorch backend), so an
+            # id past the vocabulary reaches the embedding lookup on the GPU: a device-side
+            # assert, after which the CUDA context is unusable. Harsher reading taken: the
+            # forward step fails every active request (PyExecutor._handle_errors) and the
+            # worker is gone (executor/worker.py: the next submit finds no worker).
+            why = f"CUDA error: device-side assert triggered (prompt token id outside [0, {vocab}))"
+            self._llm._fail_all(why)
+            self._llm._executor.worker.died = Exception(f"Failed during generation: {why}")
             self.finished = True
             self._llm._on_finish(self)
-            raise RequestError(f"prompt token id out of range [0, {vocab})")
+            raise RequestError(why)
         if self._generation_only:
             dp = self.disaggregated_params
             assert dp is not None
