@@ -101,12 +101,16 @@ class CudaGraphConfig(StrictModel):
 
 
 def generated_cuda_graph_batch_sizes(max_batch_size: int, enable_padding: bool) -> list[int]:
-    """The list 1.2's CudaGraphConfig generates from max_batch_size."""
+    """The list 1.2's CudaGraphConfig generates from max_batch_size (llmapi/llm_args.py,
+    CudaGraphConfig._generate_cuda_graph_batch_sizes): max_batch_size itself always last."""
     sizes = (
         [1, 2, 4, *(i * 8 for i in range(1, 17))] if enable_padding else [*range(1, 33), 64, 128]
     )
     sizes += [2**i for i in range(8, math.ceil(math.log2(max_batch_size)))]
-    return sorted(size for size in sizes if size <= max_batch_size)
+    sizes = sorted(size for size in sizes if size <= max_batch_size)
+    if sizes[-1] != max_batch_size:  # "Add max_batch_size if not already included"
+        sizes.append(max_batch_size)
+    return sizes
 
 
 class CacheTransceiverConfig(StrictModel):

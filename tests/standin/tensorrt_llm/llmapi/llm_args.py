@@ -87,13 +87,17 @@ class CudaGraphConfig(StrictBaseModel):
 
     @staticmethod
     def generated_batch_sizes(max_batch_size: int, enable_padding: bool) -> list[int]:
-        """CudaGraphConfig._generate_cuda_graph_batch_sizes (1.2 period)."""
+        """CudaGraphConfig._generate_cuda_graph_batch_sizes (llmapi/llm_args.py, 1.2 period),
+        its last step included: "Add max_batch_size if not already included"."""
         if enable_padding:
             sizes = [1, 2, 4] + [i * 8 for i in range(1, 17)]
         else:
             sizes = [*range(1, 32), 32, 64, 128]
         sizes += [2**i for i in range(8, math.ceil(math.log(max_batch_size, 2)))]
-        return sorted(s for s in sizes if s <= max_batch_size)
+        sizes = sorted(s for s in sizes if s <= max_batch_size)
+        if max_batch_size != sizes[-1]:
+            sizes.append(max_batch_size)
+        return sizes
 
 
 class CacheTransceiverConfig(StrictBaseModel):
