@@ -471,3 +471,37 @@ async def test_the_stand_in_ends_the_engine_on_such_an_id(model_dir: Path) -> No
             llm.generate_async([5, 6, 7], sp, streaming=True)
     finally:
         await engine.stop()
+
+
+# -- the AutoDeploy backend ------------------------------------------------------------------
+async def test_autodeploy_starts_with_what_its_llm_args_take(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Real (tensorrt_llm/_torch/auto_deploy/llm_args.py, 1.2 window): AutoDeploy's LlmArgs is
+    AutoDeployConfig + BaseLlmArgs with extra="forbid", so TorchLlmArgs' enable_iter_perf_stats
+    (always sent), cuda_graph_config and stream_interval failed its start; and its defaults are
+    AutoDeployConfig's, a 512-token sequence and 8 requests, which the gateway reported as the
+    model's 8,192 and TorchLlmArgs' 2,048 (the stand-in models both now)."""
+    from tests.unit.test_trtllm_fidelity import _llama3_dir
+
+    model = _llama3_dir(tmp_path)
+    engine = await _engine(
+        model, trtllm_backend="autodeploy", cuda_graph_batch_sizes=[4, 1, 2], stream_interval=2
+    )
+    try:
+        warned = " ".join(r.getMessage() for r in caplog.records if "autodeploy" in r.getMessage())
+        for name in ("enable_iter_perf_stats", "cuda_graph_config", "stream_interval"):
+            assert f"`{name}`" in warned
+        assert engine.info.max_model_len == 512 and engine.info.max_batch_size == 8
+        assert engine._llm.args.max_seq_len == 512 and engine._llm.args.max_batch_size == 8
+        with pytest.raises(InvalidRequestError, match="512"):
+            await _collect(engine.generate(_req(prompt=tuple(range(100, 600)), max_tokens=16)))
+        assert len(_ids(await _collect(engine.generate(_req(max_tokens=3))))) == 3
+    finally:
+        await engine.stop()
+    given = await _engine(model, trtllm_backend="autodeploy", max_model_len=2048, max_batch_size=32)
+    try:
+        assert given.info.max_model_len == 2048 and given.info.max_batch_size == 32
+        assert given._llm.args.max_seq_len == 2048
+    finally:
+        await given.stop()

@@ -28,6 +28,10 @@ from trtllm_gateway.config.disagg import EncodeSiblings
 from trtllm_gateway.config.engine import DEFAULT_MODEL, EngineConfig
 from trtllm_gateway.config.engine_args import TRTLLM_TOKENS_PER_BLOCK, resolve_trtllm_args
 from trtllm_gateway.config.trtllm import TrtllmConfig
+from trtllm_gateway.config.trtllm_autodeploy import (
+    AUTODEPLOY_MAX_BATCH_SIZE,
+    AUTODEPLOY_MAX_SEQ_LEN,
+)
 from trtllm_gateway.config.trtllm_schema import validated_against
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.kv_events.log import KvEventLog
@@ -304,8 +308,14 @@ class TrtllmEngine:
     # -- helpers ----------------------------------------------------------------------------
     def _read_info(self) -> EngineInfo:
         # max_batch_size from the layered args (a YAML or --override may change the flag's
-        # value), else TorchLlmArgs' own default: what TensorRT-LLM will actually run.
-        batch = int(self._args.get("max_batch_size") or TRTLLM_MAX_BATCH_SIZE)
+        # value), else the LlmArgs' own default: what TensorRT-LLM will actually run.
+        # AutoDeploy's differ from TorchLlmArgs' (config/trtllm_autodeploy.py).
+        autodeploy = self._args.get("backend") in ("autodeploy", "_autodeploy")
+        default_batch = AUTODEPLOY_MAX_BATCH_SIZE if autodeploy else TRTLLM_MAX_BATCH_SIZE
+        batch = int(self._args.get("max_batch_size") or default_batch)
+        max_seq_len = self._args.get("max_seq_len")
+        if autodeploy and max_seq_len is None:
+            max_seq_len = AUTODEPLOY_MAX_SEQ_LEN
         if _needs_conversion(self._model):  # known after start() converts it
             return EngineInfo(
                 model_id=self._model,
@@ -321,7 +331,7 @@ class TrtllmEngine:
             self._model,
             served_name=self._config.served_model_name,
             mode=self._config.mode,
-            max_seq_len=self._args.get("max_seq_len"),
+            max_seq_len=max_seq_len,
             trust_remote_code=bool(self._args.get("trust_remote_code")),
             kv_cache=self._args.get("kv_cache_config"),
         )

@@ -12,15 +12,21 @@ import importlib
 import logging
 from typing import Any
 
+from trtllm_gateway.config.trtllm_autodeploy import AUTODEPLOY_ACCEPTS
 from trtllm_gateway.config.trtllm_schema import AUTODEPLOY_UNSUPPORTED
 
 logger = logging.getLogger(__name__)
 
 
 def prune_for_autodeploy(args: dict[str, Any]) -> dict[str, Any]:
-    """A copy without the args AutoDeploy rejects; one warning per removed field."""
+    """A copy without the args AutoDeploy rejects (its LlmArgs forbids every key it does not
+    declare: config/trtllm_autodeploy.py); one warning per removed field. cuda_graph_config's
+    batch sizes become AutoDeploy's own cuda_graph_batch_sizes."""
     pruned = dict(args)
-    for name in AUTODEPLOY_UNSUPPORTED:
+    graphs = pruned.get("cuda_graph_config")
+    if isinstance(graphs, dict) and graphs.get("batch_sizes"):
+        pruned["cuda_graph_batch_sizes"] = sorted(graphs["batch_sizes"])
+    for name in sorted(pruned.keys() - AUTODEPLOY_ACCEPTS | set(AUTODEPLOY_UNSUPPORTED)):
         if pruned.pop(name, None) is not None:
             logger.warning("`%s` cannot be used with the autodeploy backend; ignoring it", name)
     return pruned
