@@ -232,6 +232,8 @@ async def test_an_executor_failure_kills_the_engine(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("CUDA error: an illegal memory access")
 
+    streaming = engine.generate(_req("in-flight", max_tokens=200, ignore_eos=True))
+    assert (await anext(streaming)).token_ids  # it runs
     monkeypatch.setattr(engine._llm._executor.worker, "_enqueue_request", boom)
     with pytest.raises(EngineDeadError):
         await _collect(engine.generate(_req()))
@@ -240,6 +242,11 @@ async def test_an_executor_failure_kills_the_engine(
     assert "illegal memory access" in health.detail
     with pytest.raises(EngineDeadError):
         await _collect(engine.generate(_req("again")))
+    # The request in flight gets no further response from the dead worker (the stand-in,
+    # as 1.2: executor/result.py): its stream ends with the engine's error, not a wait for ever.
+    with pytest.raises(EngineDeadError, match="executor is gone"):
+        async with asyncio.timeout(5):
+            await _collect(streaming)
 
 
 async def test_an_error_building_one_request_fails_only_it(

@@ -231,8 +231,13 @@ class TrtllmEngine:
         first_token_at: float | None = None
         try:
             first = True
+            steps = aiter(result)
             with self._errors.translated(one_request=True):
-                async for step in result:
+                while True:
+                    try:
+                        step = await self._inflight.wait(req.request_id, anext(steps))
+                    except StopAsyncIteration:
+                        break
                     event = step_event(
                         step,
                         prompt_tokens=len(req.prompt_token_ids),
@@ -382,7 +387,7 @@ class TrtllmEngine:
         done = False
         try:
             with self._errors.translated(one_request=True):
-                out = await result
+                out = await self._inflight.wait(request_id, result)
             done = True
             return out
         except EngineError:
@@ -439,6 +444,7 @@ class TrtllmEngine:
         logger.error("TensorRT-LLM engine is dead: %r", exc)
         self._state = "dead"
         self._detail = f"{type(exc).__name__}: {exc}"
+        self._inflight.fail_waiting(self._detail)  # their results will never answer
 
 
 def _needs_conversion(model: str) -> bool:

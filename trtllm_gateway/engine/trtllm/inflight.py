@@ -1,9 +1,16 @@
-"""The TensorRT-LLM results in flight, by our request_id: abort, release, drain.
+"""The TensorRT-LLM results in flight, by our request_id: abort, release, drain, and waking
+them when the executor is gone.
 
 TensorRT-LLM's GenerationResult.abort() calls its executor through a weakref that
 LLM.shutdown() (or a dead worker) leaves empty, so an abort may raise at any time after that;
 nothing here lets it escape. A result given up before it finished is aborted and read to its
 end in the background, so TensorRT-LLM frees its KV cache and slot.
+
+When the executor's worker ends (executor/worker.py worker_main, 1.2 window: it tells the
+proxy's result threads to quit), the requests in flight get no further response: a read of one
+would wait for ever. Every read goes through wait(), and fail_waiting() wakes those waiting
+with EngineDeadError, so their streams end with an error frame rather than being cut when the
+server exits.
 """
 
 from __future__ import annotations
@@ -11,12 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from trtllm_gateway.engine.protocol import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 30.0
 STOP_WAIT_S = 5.0  # stop() waits this long for the drains
+_GONE = "the TensorRT-LLM executor is gone"  # the cancellation fail_waiting sends
+T = TypeVar("T")
 
 
 class InFlight:
@@ -25,6 +37,36 @@ class InFlight:
     def __init__(self) -> None:
         self.results: dict[str, Any] = {}
         self._drains: set[asyncio.Task[None]] = set()
+        self._waiting: dict[str, asyncio.Task[Any]] = {}  # reading a result now, by request
+        self._gone: str | None = None  # why the executor is gone (fail_waiting)
+
+    async def wait(self, request_id: str, pending: Awaitable[T]) -> T:
+        """Await one read of a request's result (its next step, or the whole result); if the
+        executor goes meanwhile, EngineDeadError instead of waiting for ever."""
+        task = asyncio.current_task()
+        assert task is not None
+        if self._gone is not None:
+            close = getattr(pending, "close", None)
+            if close is not None:
+                close()  # an __anext__ coroutine never awaited
+            raise EngineDeadError(f"{_GONE}: {self._gone}")
+        self._waiting[request_id] = task
+        try:
+            return await pending
+        except asyncio.CancelledError as exc:
+            if self._gone is None or exc.args != (_GONE,):
+                raise  # the caller's own cancellation (a client gone)
+            task.uncancel()
+            raise EngineDeadError(f"{_GONE}: {self._gone}") from None
+        finally:
+            self._waiting.pop(request_id, None)
+
+    def fail_waiting(self, why: str) -> None:
+        """The executor is gone: wake every read waiting on it (see wait) and refuse later ones.
+        Runs on the event loop (the engine marks itself dead there)."""
+        self._gone = why
+        for task in list(self._waiting.values()):
+            task.cancel(_GONE)
 
     def __len__(self) -> int:
         return len(self.results)

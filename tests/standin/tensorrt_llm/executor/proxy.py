@@ -5,10 +5,10 @@ the request on the worker's queue, then `error = self.request_error_queue.get()`
 `raise error` if it is an Exception (a RequestError, or worker_main's "Failed during
 generation"). Once the worker has ended nothing answers that queue any more: the real `get()`
 blocks forever, and the requests in flight get no further response (worker_main told the
-proxy's result thread to quit). The stand-in is kinder on both, so that a test cannot hang: a
-later submit raises, and llmapi/llm.py fails the requests in flight. A correct adapter never
-submits again after the first "Failed during generation", and the server exits on a dead
-engine, which ends the open streams.
+proxy's result thread to quit). The stand-in models the second (executor/result.py: a read of
+a request in flight waits for ever, so the adapter must wake its streams itself) and is kinder
+on the first only, so that a test cannot hang in a submit: a later submit raises. A correct
+adapter never submits again after the first "Failed during generation".
 """
 
 from __future__ import annotations

@@ -147,7 +147,14 @@ class RequestOutput:
         # in the queue (numQueuedRequests) until one finishes. A queued abort is served.
         await asyncio.sleep(self._delay)
         while True:
-            if self._aborted or self.finished or self._llm._scheduled(self):
+            if self.finished or self._failed is not None:
+                return
+            if self._llm._executor.worker_died:
+                # Real (executor/worker.py worker_main, 1.2 window): once the worker has ended
+                # it tells the proxy's result threads to quit; a request in flight gets no
+                # further response, and reading it waits for ever.
+                await asyncio.Event().wait()
+            if self._aborted or self._llm._scheduled(self):
                 return
             await asyncio.sleep(max(self._delay, 0.001))
 

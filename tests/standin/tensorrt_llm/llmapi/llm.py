@@ -181,9 +181,9 @@ class LLM:
             self._executor.submit(
                 GenerationRequest(request_id, list(prompt_token_ids), lora_request, request_type)
             )
-        except Exception as e:
-            if self._executor.worker_died:
-                self._fail_all(f"the executor worker died: {e}")
+        except Exception:
+            # A dead worker answers nothing more: the requests in flight wait for ever
+            # (executor/result.py _wait_for_a_slot models it; executor/proxy.py says why).
             raise
         if lora_request is not None and self.args.lora_config is None:
             # Real (executor/base_worker.py): the PyTorch backend builds a LoRA manager only
