@@ -131,7 +131,14 @@ def load(config: EngineConfig, progress: Callable[[str], None] = lambda _: None)
         from trtllm_gateway.engine.builtin.triton_backend import TritonBackend  # imports Triton
 
         backend = TritonBackend(
-            model, kv_caches, bs, device, max_len, config.max_batch_size, config.cuda_graphs
+            model,
+            kv_caches,
+            bs,
+            device,
+            max_len,
+            config.max_batch_size,
+            config.cuda_graphs,
+            config.max_num_tokens,
         )
     else:
         backend = CpuBackend(model, kv_caches, bs, device)

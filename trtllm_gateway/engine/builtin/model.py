@@ -108,21 +108,21 @@ class Attention(nn.Module):
         o = attn_fn(q, k, v, kv[0], kv[1], meta, self.scale)
         return self.o_proj(o.reshape(t, self.q_size))
 
-    def forward_fused(
+    def project_and_store(
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
         rope: RotaryEmbedding,
         kv: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
+        slots: torch.Tensor,
         ops: KernelOps,
     ) -> torch.Tensor:
+        """The fused path up to attention: QKV, then RoPE with K/V stored. The queries."""
         qkv = self.qkv_proj(x)
         shape = (self.nq, self.nkv, self.hd)
-        cos, sin, sc = rope.cos, rope.sin, self.kv_scales
-        q = ops.rope_and_store(qkv, positions, cos, sin, kv, meta.slot_mapping, shape, sc)
-        o = ops.attention(q, kv, meta, self.scale, sc)
-        return self.o_proj(o.view(x.shape[0], self.q_size))
+        return ops.rope_and_store(
+            qkv, positions, rope.cos, rope.sin, kv, slots, shape, self.kv_scales
+        )
 
 
 class MLP(nn.Module):
@@ -216,12 +216,26 @@ class LlamaModel(nn.Module):
             return self._forward_skinny(residual, positions, kv_caches, meta, ops, layers)
         x = ops.rms_norm(residual, layers[0].input_layernorm.weight, eps)
         for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
-            a = layer.self_attn.forward_fused(x, positions, self.rope, kv, meta, ops)
-            x = ops.rms_norm(a, layer.post_attention_layernorm.weight, eps, residual)
-            m = layer.mlp.down_proj(ops.silu_mul(layer.mlp.gate_up_proj(x)))
-            nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.norm.weight
-            x = ops.rms_norm(m, nxt, eps, residual)
+            at = layer.self_attn
+            q = at.project_and_store(x, positions, self.rope, kv, meta.slot_mapping, ops)
+            o = ops.attention(q, kv, meta, at.scale, at.kv_scales)
+            x = self.fused_layer_tail(i, o, residual)
         return x
+
+    def fused_layer_tail(self, i: int, o: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Layer i of the fused path after its attention output o [T, Hq, D]: o_proj, the add +
+        norm, the MLP, and the add + the next layer's input norm (the final norm after the last
+        layer). The residual stream is updated in place; returns the next layer's input."""
+        ops = self.ops
+        assert ops is not None
+        eps = self.cfg.rms_norm_eps
+        layers = self.decoder_layers
+        layer = layers[i]
+        a = layer.self_attn.o_proj(o.view(o.shape[0], layer.self_attn.q_size))
+        x = ops.rms_norm(a, layer.post_attention_layernorm.weight, eps, residual)
+        m = layer.mlp.down_proj(ops.silu_mul(layer.mlp.gate_up_proj(x)))
+        nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.norm.weight
+        return ops.rms_norm(m, nxt, eps, residual)
 
     def _forward_skinny(
         self,

@@ -3,8 +3,11 @@
 The batch's numpy arrays are uploaded through pinned memory with non-blocking copies, so the
 host never waits for the GPU while it prepares a step. Decodes lead the packed batch (split-KV
 decode kernel), prefill chunks follow (packed prefill kernel). A step of decodes only that fits
-a captured batch size replays a CUDA graph. The GPU runs a step while the host resolves the one
-before: the default overlap depth is 1 (pipeline.py).
+a captured batch size replays a CUDA graph of the whole step (cuda_graph.py); another step of
+17 to 2,048 tokens replays the graphs between its attentions, which run eagerly
+(piecewise_graph.py); the rest (images, prompt logprobs, tiny or huge steps) runs eagerly. The
+GPU runs a step while the host resolves the one before: the default overlap depth is 1
+(pipeline.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits
 from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
 from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_tiles
 from trtllm_gateway.engine.builtin.model import LlamaModel
+from trtllm_gateway.engine.builtin.piecewise_graph import MIN_TOKENS, PiecewiseGraphs
 from trtllm_gateway.engine.builtin.pinned_ring import PinnedRing
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.vision.placeholders import merge_images
@@ -40,6 +44,7 @@ class TritonBackend:
         max_model_len: int,
         max_batch_size: int,
         cuda_graphs: bool,
+        max_num_tokens: int = 0,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -59,6 +64,11 @@ class TritonBackend:
                 model, kv_caches, min(max_batch_size, 512), max_blocks, max_model_len + 1, page
             )
             self.graphs.capture()
+        self.pieces: PiecewiseGraphs | None = None
+        if cuda_graphs and max_num_tokens >= MIN_TOKENS:
+            # The previous step sampled at most a row a sequence: max_batch_size ids.
+            self.pieces = PiecewiseGraphs(model, kv_caches, max_num_tokens, max_batch_size)
+            self.pieces.capture()
 
     def _up(self, data: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:
         return self._staging.upload(data, dtype)
@@ -86,10 +96,35 @@ class TritonBackend:
                 logits = logits[self._up(rows, torch.long)]
             return logits
 
-        input_ids = self._up(batch.token_ids, torch.long)
-        if batch.placeholders:
-            input_ids = resolve_placeholders(input_ids, prev)
-        meta = AttentionMetadata(slot_mapping=self._up(batch.slots, torch.long), num_decodes=nd)
+        tokens = len(batch.token_ids)
+        pw = self.pieces
+        b = pw.bucket(tokens) if pw is not None else None
+        if (
+            pw is not None
+            and b is not None
+            and (prev is None or len(prev) <= len(pw.prev))
+            and not batch.images
+        ):
+            host = pw.host_inputs(b, batch.token_ids, batch.positions, batch.slots)
+            pw.load(self._up(host, torch.long), b, prev if batch.placeholders else None)
+            hidden = pw.run(b, tokens, self._meta(batch, pw.slots[:tokens]))
+        else:
+            input_ids = self._up(batch.token_ids, torch.long)
+            if batch.placeholders:
+                input_ids = resolve_placeholders(input_ids, prev)
+            meta = self._meta(batch, self._up(batch.slots, torch.long))
+            embeds = merge_images(self.model.embed_tokens, input_ids, batch.images)  # LLaVA
+            positions = self._up(batch.positions, torch.long)
+            hidden = self.model(input_ids, positions, self.kv_caches, meta, embeds)
+        fill_prompt_logprobs(self.model, batch, hidden)
+        if not len(rows):
+            return hidden.new_empty(0)
+        return self.model.compute_logits(hidden[self._up(rows, torch.long)])
+
+    def _meta(self, batch: StepBatch, slots: torch.Tensor) -> AttentionMetadata:
+        """The step's attention metadata on the device (decode tables, prefill tiles)."""
+        nd = batch.num_decodes
+        meta = AttentionMetadata(slot_mapping=slots, num_decodes=nd)
         if nd:
             ctx_lens = batch.decode_ctx_lens
             meta.decode_block_tables = self._up(batch.decode_tables, torch.int32)
@@ -106,13 +141,7 @@ class TritonBackend:
                 q_lens=self._up(q_lens, torch.int32),
                 tiles=self._up(prefill_tiles(list(range(n)), q_lens.tolist()), torch.int32),
             )
-        embeds = merge_images(self.model.embed_tokens, input_ids, batch.images)  # LLaVA prompts
-        positions = self._up(batch.positions, torch.long)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, embeds)
-        fill_prompt_logprobs(self.model, batch, hidden)
-        if not len(rows):
-            return hidden.new_empty(0)
-        return self.model.compute_logits(hidden[self._up(rows, torch.long)])
+        return meta
 
     def _replay(
         self, g: DecodeGraphs, bucket: int, batch: StepBatch, prev: torch.Tensor | None

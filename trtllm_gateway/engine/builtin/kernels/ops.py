@@ -108,10 +108,13 @@ class KernelOps:
         meta: AttentionMetadata,
         scale: float,
         kv_scales: tuple[float, float] = (1.0, 1.0),
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q: [T, Hq, D] (rotated; its K/V already stored). Returns [T, Hq, D] contiguous.
-        kv_scales: the layer's (k_scale, v_scale) of an e4m3 cache."""
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        """q: [T, Hq, D] (rotated; its K/V already stored). Returns [T, Hq, D] contiguous, in
+        `out` when given (a piecewise graph's static buffer). kv_scales: the layer's (k_scale,
+        v_scale) of an e4m3 cache."""
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decodes
         if nd:
             assert meta.decode_block_tables is not None and meta.decode_ctx_lens is not None
