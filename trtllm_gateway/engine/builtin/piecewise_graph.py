@@ -28,12 +28,13 @@ import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
-from trtllm_gateway.engine.builtin.kernels.skinny_gemm import MAX_ROWS
 from trtllm_gateway.engine.builtin.model import LlamaModel
 
 logger = logging.getLogger(__name__)
 
-MIN_TOKENS = MAX_ROWS + 1  # up to MAX_ROWS tokens the fused path runs its skinny GEMMs
+# Up to skinny_gemm.MAX_ROWS (16) tokens the fused path runs its skinny GEMMs; that module
+# imports Triton, this one must not (tests/gpu/test_piecewise_graph.py checks the two agree).
+MIN_TOKENS = 17
 MAX_TOKENS = 2048  # past this a step's GPU work hides its launches
 
 
