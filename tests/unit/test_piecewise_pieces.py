@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata, KernelPrefill
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
-from trtllm_gateway.engine.builtin.piecewise_graph import PiecewiseGraphs
+from trtllm_gateway.engine.builtin.piecewise_graph import PiecewiseGraphs, piece_sizes
 
 PAGE = 4
 CFG = {
@@ -35,6 +35,13 @@ CFG = {
     "rope_theta": 10000,
     "tie_word_embeddings": False,
 }
+
+
+def test_buckets() -> None:
+    assert piece_sizes(2048) == [32, 64, *range(128, 2049, 128)]
+    assert piece_sizes(100) == [32, 64, 128]
+    assert piece_sizes(64) == [32, 64] and piece_sizes(20) == [32]
+    assert piece_sizes(8192)[-1] == 2048  # past it a step's GPU work hides its launches
 
 
 class TorchOps:

@@ -39,10 +39,14 @@ MAX_TOKENS = 2048  # past this a step's GPU work hides its launches
 
 
 def piece_sizes(max_tokens: int) -> list[int]:
-    """Token-count buckets: 32, 64, 128, then every 128, up to max_tokens (rounded up)."""
+    """Token-count buckets: 32, 64, 128, then every 128, up to the first that holds max_tokens
+    (at most MAX_TOKENS)."""
     top = min(max_tokens, MAX_TOKENS)
-    sizes = [b for b in (32, 64) if b < top]
-    sizes += list(range(128, top + 127, 128))
+    sizes: list[int] = []
+    for b in (32, 64, *range(128, MAX_TOKENS + 1, 128)):
+        sizes.append(b)
+        if b >= top:
+            break
     return sizes
 
 
