@@ -36,8 +36,8 @@ from trtllm_gateway.engine.builtin.model import (
 )
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.pack_cache import PackCache, Packs
-from trtllm_gateway.engine.builtin.piecewise_graph import MAX_TOKENS as PIECES_MAX_TOKENS
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
+from trtllm_gateway.engine.builtin.piecewise_graph import MAX_TOKENS as PIECES_MAX_TOKENS
 from trtllm_gateway.engine.builtin.quant import quantize_int8
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder, load_encoder
 from trtllm_gateway.engine.builtin.vision.spec import is_vision_checkpoint, language_config
