@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install carried wheels, GPU tests, then the GPU benchmarks. Logs under $OUT.
-# Usage (on the device): bash bench/gpu_call.sh [tests] [suite] [disagg]
+# Usage (on the device): bash bench/gpu_call.sh [tests] [suite] [disagg] [hoststep] [pieces]
 #   suite: bench/gpu_suite.sh (its STAGES, NUM8, B8, NUM135, MODES135 pass through) under a
 #   SUITE_TIMEOUT (default 540 s), its files packed into $OUT/bench-gpu.tgz (the device tool
 #   returns at most 8 files) beside summary.md; the tokenizer comes from .whl/tok; PYSPY= (empty)
@@ -50,6 +50,16 @@ for what in "$@"; do
             | sed "s|^|$tree round $r: |" | tee -a "$OUT/host_step.txt"
         done
       done ;;
+    pieces)
+      # The piecewise graphs' gate (branch piecewise-graphs): their GPU tests and the greedy
+      # equivalence, then the served A/B against the carried base tree (main without them).
+      GUIDED_TOKENIZER_DIR=${TOK:-.whl/tok} timeout 300 python3 -m pytest -q -x \
+        -o filterwarnings=ignore -p no:cacheprovider tests/gpu/test_piecewise_graph.py \
+        tests/gpu/test_greedy_equivalence.py tests/gpu/test_step_path.py \
+        > "$OUT/pieces_tests.log" 2>&1; echo "pieces tests rc=$?"; tail -5 "$OUT/pieces_tests.log"
+      BASE=${BASE:-.basetree} ROUNDS=${ROUNDS:-1} NUM=${NUM:-768} API_SERVERS=auto \
+        timeout 300 bash bench/ab_serve.sh 2>&1 | tail -6
+      grep -h "piecewise graphs" "$OUT"/ab/server_*.log | head -2 ;;
     *) echo "unknown step $what" ;;
   esac
 done
