@@ -61,7 +61,11 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = Field(
         True, description="Reuse cached KV blocks of shared prefixes."
     )
-    cuda_graphs: bool = Field(True, description="Replay decode steps from CUDA graphs.")
+    cuda_graphs: bool = Field(
+        True,
+        description="Replay steps from CUDA graphs: decode steps whole, steps with a prefill "
+        "chunk of up to 2,048 tokens piece by piece between their attentions.",
+    )
     overlap_depth: int | None = Field(
         None,
         ge=0,
