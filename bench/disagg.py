@@ -139,7 +139,19 @@ def path_counters(before: dict[str, float], after: dict[str, float]) -> dict[str
         ),
         "kv_bytes": delta("kv_transfer_bytes_total"),
         "kv_seconds": delta("kv_transfer_seconds_sum"),
+        **handoff_cost(before, after),
     }
+
+
+def handoff_cost(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """An instance's KV hand-offs over the mix and its step thread's microseconds a hand-off
+    (the serving core's own clock: kv_handoff_step_seconds over kv_handoffs)."""
+    p = "trtllm_gateway:"
+    n = _sum(after, p + "kv_handoffs_total") - _sum(before, p + "kv_handoffs_total")
+    s = _sum(after, p + "kv_handoff_step_seconds_total") - _sum(
+        before, p + "kv_handoff_step_seconds_total"
+    )
+    return {"handoffs": n, "step_us_per_handoff": s / n * 1e6 if n else 0.0}
 
 
 def _warm(urls: list[str], args: argparse.Namespace) -> None:
@@ -174,12 +186,14 @@ def run_setup(name: str, args: argparse.Namespace, gpus: list[str]) -> dict[str,
             urls = [started[1].url]
         _warm(urls, args)
         before = _metrics(urls[0])
+        before_prefill = _metrics(started[0].url) if name == "pd" else {}
         t0 = time.time()
         report = figures(run_mix(urls, classes, args.output_len), args.ttft_slo, args.itl_slo)
         report["started_at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0))
         if name == "pd":
             counters = path_counters(before, _metrics(urls[0]))
             report["decode_counters"] = counters
+            report["prefill_counters"] = handoff_cost(before_prefill, _metrics(started[0].url))
             failed = counters["paths"]["local_fallback"] + counters["paths"]["failed"]
             if failed:  # a broken pair measures the decode instance alone: say so loudly
                 print(f"pd: {failed:.0f} prompts failed over; see {logs}", file=sys.stderr)

@@ -104,11 +104,26 @@ async def test_v2_transports_equal_aggregated(
             assert arena is not None and arena.alloc.owners() == []
         if got == "nixl":  # read by the decode side's agent from the prefill side's arena
             assert len(engine.fetch._nixl._remotes) == 1
+        # Each core clocks its step thread's hand-off work; the prefill side's reaches /metrics.
+        health = inner.health()
+        assert health.kv_handoffs == 2 and health.kv_handoff_step_seconds > 0, health
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=prefill_app), base_url="http://prefill"
+        ) as client:
+            text = (await client.get("/metrics")).text
+        assert _sample(text, "trtllm_gateway:kv_handoffs_total") == 2
+        assert _sample(text, "trtllm_gateway:kv_handoff_step_seconds_total") > 0
     finally:
         await engine.stop()
         if served is not None:
             served[1].should_exit = True
             await served[2]
+
+
+def _sample(text: str, name: str) -> float:
+    """The one sample of a series in a /metrics text."""
+    (value,) = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name)]
+    return value
 
 
 async def _serve(app: Any) -> tuple[str, Any, asyncio.Task[None]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.disagg import path_counters
+from bench.disagg import handoff_cost, path_counters
 from bench.disagg_mix import figures, meets_slo
 
 
@@ -55,3 +55,12 @@ def test_path_counters_are_deltas_over_the_mix() -> None:
     got = path_counters(before, after)
     assert got["paths"]["remote"] == 7.0 and got["paths"]["local_busy"] == 2.0
     assert got["busy_answers"] == 5.0 and got["siblings_unhealthy_at_end"] == 0
+
+
+def test_handoff_cost_is_step_seconds_over_handoffs_during_the_mix() -> None:
+    p = 'trtllm_gateway:kv_handoff{}_total{{model_name="m"}}'
+    before = {p.format("s"): 2.0, p.format("_step_seconds"): 0.001}
+    after = {p.format("s"): 12.0, p.format("_step_seconds"): 0.0015}
+    got = handoff_cost(before, after)
+    assert got["handoffs"] == 10.0 and abs(got["step_us_per_handoff"] - 50.0) < 1e-6
+    assert handoff_cost(after, after)["step_us_per_handoff"] == 0.0  # none: no division

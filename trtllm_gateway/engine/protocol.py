@@ -205,6 +205,10 @@ class EngineHealth:
     preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # KV hand-offs with siblings (built-in engine): how many began here (staged for a decode
+    # sibling, or loaded from a prefill sibling), and the step thread's seconds spent on them.
+    kv_handoffs: int = 0
+    kv_handoff_step_seconds: float = 0.0
     detail: str = ""
 
 

@@ -79,6 +79,14 @@ class _EngineCollector(Collector):
             "num_preemptions": ("Cumulative preemptions.", health.preemptions),
             "prefix_cache_queries": ("Prompt tokens looked up.", health.prefix_cache_queries),
             "prefix_cache_hits": ("Prompt tokens found cached.", health.prefix_cache_hits),
+            "kv_handoffs": (
+                "KV hand-offs begun with siblings (staged for one, or loaded from one).",
+                health.kv_handoffs,
+            ),
+            "kv_handoff_step_seconds": (
+                "The engine step thread's seconds spent on KV hand-offs.",
+                health.kv_handoff_step_seconds,
+            ),
         }
         for name, (doc, value) in counters.items():
             counter = CounterMetricFamily(PREFIX + name, doc, labels=labels)

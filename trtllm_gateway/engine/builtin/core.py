@@ -202,7 +202,9 @@ class EngineCore:
     def health(self) -> EngineHealth:
         if self._parts is None:
             return EngineHealth(state="loading")
-        return self._parts.health("draining" if self.stopping else "ready")
+        kv = self._kv
+        handoffs = (0, 0.0) if kv is None else (kv.clock.count, kv.clock.seconds)
+        return self._parts.health("draining" if self.stopping else "ready", handoffs=handoffs)
 
     @property
     def steps_on_cpu(self) -> bool:

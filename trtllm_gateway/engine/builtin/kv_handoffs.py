@@ -14,6 +14,7 @@ The copies run on KvTransferWorker's thread; here is only bookkeeping (dicts and
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,20 @@ class _Incoming:
     payload: bytes | memoryview | None
 
 
+@dataclass(slots=True)
+class HandoffClock:
+    """Hand-offs begun here (staged for a decode sibling, or loaded from a prefill sibling) and
+    the step thread's seconds on every hand-off call: seconds / count is the step thread's cost
+    a hand-off inside a serving core (issue 41's < 0.1 ms), exported as the kv_handoffs and
+    kv_handoff_step_seconds counters. Charged whole: a decode-side admission's st.add too."""
+
+    count: int = 0
+    seconds: float = 0.0
+
+    def since(self, t0: float) -> None:
+        self.seconds += time.perf_counter() - t0
+
+
 class KvHandoffs:
     def __init__(
         self, lm: LoadedModel, stepper: Stepper, engine: EngineConfig, wake: Callable[[], None]
@@ -65,6 +80,7 @@ class KvHandoffs:
         self._loading: dict[str, tuple[Sequence, TokenEvent]] = {}
         self._waiting: deque[_Incoming] = deque()  # decode side: no room to reserve yet
         self._aborted: set[str] = set()
+        self.clock = HandoffClock()
 
     # --- prefill side -----------------------------------------------------------------------
     def want_device(self, request_id: str, device: bool) -> None:
@@ -75,6 +91,13 @@ class KvHandoffs:
         """A step's events, less the final events of context phases now being staged."""
         if not self.st.handoffs:
             return events  # no context phase held: nothing of this step to stage
+        t0 = time.perf_counter()
+        try:
+            return self._stage(events)
+        finally:
+            self.clock.since(t0)
+
+    def _stage(self, events: Emitted) -> Emitted:
         out: Emitted = []
         for request_id, ev in events:
             final = isinstance(ev, TokenEvent) and ev.finish_reason is not None
@@ -89,8 +112,10 @@ class KvHandoffs:
                 paged = self.worker.pool_region(held.block_table, held.prompt_len)
                 if paged is not None:
                     self.staged[request_id] = paged
+                    self.clock.count += 1
                     out.append((request_id, ev))
                     continue
+            self.clock.count += 1
             seq = self.st.export_kv(request_id)
             why = self.worker.stage(request_id, seq.block_table, seq.prompt_len, device)
             if why:
@@ -102,6 +127,13 @@ class KvHandoffs:
 
     def release(self, request_id: str) -> None:
         """The sibling took the KV or gave up: free its region (or its still-held blocks)."""
+        t0 = time.perf_counter()
+        try:
+            self._release(request_id)
+        finally:
+            self.clock.since(t0)
+
+    def _release(self, request_id: str) -> None:
         if request_id in self._staging:
             self._aborted.add(request_id)
         elif self.worker.free(request_id):
@@ -112,6 +144,13 @@ class KvHandoffs:
 
     def exported(self, request_id: str) -> KvRegion | None:
         """The region held for the sibling (None: expired, released, or never staged)."""
+        t0 = time.perf_counter()
+        try:
+            return self._exported(request_id)
+        finally:
+            self.clock.since(t0)
+
+    def _exported(self, request_id: str) -> KvRegion | None:
         region = self.staged.get(request_id)
         if region is not None and region.blocks and request_id not in self.st.handoffs:
             del self.staged[request_id]  # a paged region whose blocks went back
@@ -121,8 +160,10 @@ class KvHandoffs:
     def renew(self, request_id: str, now: float) -> None:
         """The decode side still waits (a lease renewal): the staged region, or the blocks
         still held before staging, expire a full lease from now."""
+        t0 = time.perf_counter()
         if not self.worker.renew(request_id, now):
             self.st.outcomes.renew_handoff(request_id, now)
+        self.clock.since(t0)
 
     # --- decode side ------------------------------------------------------------------------
     def load(
@@ -134,6 +175,16 @@ class KvHandoffs:
     ) -> None:
         """Admit seq once the sibling's KV is in blocks reserved for it (Admission checked
         the region against the prompt)."""
+        t0 = time.perf_counter()
+        self.clock.count += 1
+        try:
+            self._incoming(seq, first, region, frame)
+        finally:
+            self.clock.since(t0)
+
+    def _incoming(
+        self, seq: Sequence, first: TokenEvent, region: KvRegion | None, frame: bytes | None
+    ) -> None:
         payload: bytes | memoryview | None = None
         if region is None:
             if frame is None:
@@ -162,6 +213,15 @@ class KvHandoffs:
     # --- both -------------------------------------------------------------------------------
     def collect(self, now: float) -> Emitted:
         """What the worker finished: staged events sent, loaded sequences admitted."""
+        if not self.holds():
+            return self._collect(now)  # nothing in hand: no hand-off's cost
+        t0 = time.perf_counter()
+        try:
+            return self._collect(now)
+        finally:
+            self.clock.since(t0)
+
+    def _collect(self, now: float) -> Emitted:
         out: Emitted = []
         for done in self.worker.done():
             request_id = done.request_id
@@ -193,7 +253,7 @@ class KvHandoffs:
         for request_id in self.worker.expire(now):
             self.staged.pop(request_id, None)
         for request_id in [r for r, g in self.staged.items() if g.blocks]:
-            self.exported(request_id)  # paged regions whose blocks expired or were aborted
+            self._exported(request_id)  # paged regions whose blocks expired or were aborted
         self._reserve()
         return out
 

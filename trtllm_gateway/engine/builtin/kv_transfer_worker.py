@@ -23,6 +23,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -109,7 +110,9 @@ class KvTransferWorker:
         self._pool: DevicePool | None = None  # shared at the first paged hand-off
         self._pool_tried = False
         self._across: AcrossReader | None = None  # made at the first paged load
-        self.handoff_s: list[float] = []  # step-thread seconds per stage()/load() call
+        # Step-thread seconds of the latest stage() / pool_region() / load() calls (bounded:
+        # a serving core makes millions; bench.kv_copy takes their median).
+        self.handoff_s: deque[float] = deque(maxlen=4096)
         self._thread = threading.Thread(target=self._run, name="kv-transfer", daemon=True)
         self._thread.start()
 

@@ -31,8 +31,11 @@ class EngineParts:
     info: EngineInfo
     logits: LogitsProcessors
 
-    def health(self, state: EngineState, detail: str = "") -> EngineHealth:
-        """The snapshot /health and the gauges read, from the scheduler's counters."""
+    def health(
+        self, state: EngineState, detail: str = "", handoffs: tuple[int, float] = (0, 0.0)
+    ) -> EngineHealth:
+        """The snapshot /health and the gauges read, from the scheduler's counters; handoffs:
+        the KV hand-offs begun and the step thread's seconds on them (KvHandoffs.clock)."""
         s = self.stepper.scheduler
         return EngineHealth(
             state=state,
@@ -44,6 +47,8 @@ class EngineParts:
             preemptions=s.preemptions,
             prefix_cache_queries=s.prefix_queries,
             prefix_cache_hits=s.prefix_hits,
+            kv_handoffs=handoffs[0],
+            kv_handoff_step_seconds=handoffs[1],
             detail=detail,
         )
 
