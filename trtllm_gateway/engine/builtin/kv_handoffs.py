@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.backend import KvCaches
@@ -44,6 +45,10 @@ class _Incoming:
     payload: bytes | memoryview | None
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
 @dataclass(slots=True)
 class HandoffClock:
     """Hand-offs begun here (staged for a decode sibling, or loaded from a prefill sibling) and
@@ -56,6 +61,13 @@ class HandoffClock:
 
     def since(self, t0: float) -> None:
         self.seconds += time.perf_counter() - t0
+
+    def timed(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.since(t0)
 
 
 class KvHandoffs:
@@ -91,11 +103,7 @@ class KvHandoffs:
         """A step's events, less the final events of context phases now being staged."""
         if not self.st.handoffs:
             return events  # no context phase held: nothing of this step to stage
-        t0 = time.perf_counter()
-        try:
-            return self._stage(events)
-        finally:
-            self.clock.since(t0)
+        return self.clock.timed(self._stage, events)
 
     def _stage(self, events: Emitted) -> Emitted:
         out: Emitted = []
@@ -127,11 +135,7 @@ class KvHandoffs:
 
     def release(self, request_id: str) -> None:
         """The sibling took the KV or gave up: free its region (or its still-held blocks)."""
-        t0 = time.perf_counter()
-        try:
-            self._release(request_id)
-        finally:
-            self.clock.since(t0)
+        self.clock.timed(self._release, request_id)
 
     def _release(self, request_id: str) -> None:
         if request_id in self._staging:
@@ -144,11 +148,7 @@ class KvHandoffs:
 
     def exported(self, request_id: str) -> KvRegion | None:
         """The region held for the sibling (None: expired, released, or never staged)."""
-        t0 = time.perf_counter()
-        try:
-            return self._exported(request_id)
-        finally:
-            self.clock.since(t0)
+        return self.clock.timed(self._exported, request_id)
 
     def _exported(self, request_id: str) -> KvRegion | None:
         region = self.staged.get(request_id)
@@ -175,12 +175,8 @@ class KvHandoffs:
     ) -> None:
         """Admit seq once the sibling's KV is in blocks reserved for it (Admission checked
         the region against the prompt)."""
-        t0 = time.perf_counter()
         self.clock.count += 1
-        try:
-            self._incoming(seq, first, region, frame)
-        finally:
-            self.clock.since(t0)
+        self.clock.timed(self._incoming, seq, first, region, frame)
 
     def _incoming(
         self, seq: Sequence, first: TokenEvent, region: KvRegion | None, frame: bytes | None
@@ -215,11 +211,7 @@ class KvHandoffs:
         """What the worker finished: staged events sent, loaded sequences admitted."""
         if not self.holds():
             return self._collect(now)  # nothing in hand: no hand-off's cost
-        t0 = time.perf_counter()
-        try:
-            return self._collect(now)
-        finally:
-            self.clock.since(t0)
+        return self.clock.timed(self._collect, now)
 
     def _collect(self, now: float) -> Emitted:
         out: Emitted = []
