@@ -84,6 +84,16 @@ async def _load(state: State, publishers: list[ZmqKvPublisher]) -> None:
         imports.add_done_callback(_drop_result)  # at once when it is done already
 
 
+async def _sync_counters(metrics: GatewayMetrics, every_s: float = 1.0) -> None:
+    """This server's own counters into the shared files, whichever server a scrape reaches."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            metrics.sync_counters()
+        except Exception:  # a metrics fault must not end the server's loop
+            logger.exception("syncing the metrics counters failed")
+
+
 def _drop_result(task: asyncio.Task[None]) -> None:
     """The warm-up's own failure is from_dir's to report; none is left unretrieved."""
     if not task.cancelled():
@@ -122,12 +132,17 @@ def create_lifespan(
             drain.bind(state)
             publishers: list[ZmqKvPublisher] = []  # --kv-events-zmq
             loading = asyncio.create_task(_load(state, publishers), name="engine-load")
+            tasks = [loading]
+            if metrics.mirror is not None:  # one of several API servers
+                tasks.append(asyncio.create_task(_sync_counters(metrics), name="metrics-sync"))
             try:
                 yield {"gateway": state}
             finally:
                 drain.begin()
-                loading.cancel()
-                await asyncio.gather(loading, return_exceptions=True)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                metrics.sync_counters()  # what this server counted last
                 await state.stop_engine()
                 metrics.unbind_engine()
                 for publisher in publishers:

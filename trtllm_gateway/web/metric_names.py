@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
@@ -23,7 +22,7 @@ VALID_PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 class RenamedCollector(Collector):
     """Everything `inner` collects, with PREFIX replaced by `prefix` in family and sample names."""
 
-    def __init__(self, inner: CollectorRegistry, prefix: str) -> None:
+    def __init__(self, inner: Collector, prefix: str) -> None:
         self._inner = inner
         self._prefix = prefix
 

@@ -32,6 +32,7 @@ from trtllm_gateway.multimodal.metrics import MediaMetrics
 from trtllm_gateway.multimodal.pixel_budget import PixelBudget
 from trtllm_gateway.web import request_context
 from trtllm_gateway.web.admission import AdmissionControl
+from trtllm_gateway.web.counter_mirror import CounterMirror, GaugesOnly, SyncedFirst
 from trtllm_gateway.web.metric_names import PREFIX, RenamedCollector
 from trtllm_gateway.web.ops_collectors import (
     AdmissionCollector,
@@ -213,17 +214,30 @@ class GatewayMetrics:
         )
         scraped.register(_EngineCollector(self._read_health, lambda: self.model_name))
         scraped.register(AdmissionCollector(self.admission))
-        scraped.register(MediaCollector(self.media, lambda: self.pixels))
-        scraped.register(self._remote_prefill)
         scraped.register(self._remote_encode)
-        scraped.register(self._kv_routing)
+        # Counted by each API server on its own: with several, their counters go to the files.
+        own: list[Collector] = [
+            MediaCollector(self.media, lambda: self.pixels),
+            self._remote_prefill,
+            self._kv_routing,
+        ]
+        self.mirror = CounterMirror(own) if mp else None
+        for collector in own:
+            scraped.register(collector if self.mirror is None else GaugesOnly(collector))
         if multiprocess_dir is not None:
+            assert self.mirror is not None
             files = CollectorRegistry()
             MultiProcessCollector(files, path=multiprocess_dir)  # type: ignore[no-untyped-call]
-            registry.register(RenamedCollector(files, prefix))
+            registry.register(RenamedCollector(SyncedFirst(self.mirror, files), prefix))
             registry.register(RenamedCollector(scraped, prefix))
         else:
             registry.register(RenamedCollector(inner, prefix))
+
+    def sync_counters(self) -> None:
+        """With several API servers: this one's own counters into the shared files (the
+        lifespan calls it every second; a scrape this server answers does it too)."""
+        if self.mirror is not None:
+            self.mirror.sync()
 
     def bind_engine(self, health: Callable[[], EngineHealth], model_name: str) -> None:
         self._health = health

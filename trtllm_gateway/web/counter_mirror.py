@@ -1,0 +1,74 @@
+"""CounterMirror: per-process counters of scrape-time collectors, mirrored into prometheus_client's
+multiprocess files, so that /metrics sums them over every API server.
+
+With --api-server-count N each API server counts its own image loads (MediaMetrics) and its own
+prompts' prefill paths (RemotePrefillStats, KvRoutingStats) in plain objects. A scrape is answered
+by one server, so reading those objects at scrape time showed that server's share alone (a
+decode instance with four servers reported 37 of 96 prompts' paths). Here each server turns what
+those collectors report into prometheus_client Counters, written to its own file and summed by
+MultiProcessCollector, at every scrape it answers and once a second (app/lifespan.py); the
+scrape-time registry keeps only their gauges (GaugesOnly). Counters whose values come from the
+one shared engine core (its health counters, remote encode outcomes) are not mirrored: every
+server holds the same totals, and a sum would count them N times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import Counter
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+
+class CounterMirror:
+    def __init__(self, collectors: list[Collector]) -> None:
+        self._collectors = collectors
+        self._counters: dict[str, Counter] = {}
+        self._seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def sync(self) -> None:
+        """Add what each counter gained since the last sync to this process's file."""
+        for collector in self._collectors:
+            for family in collector.collect():
+                if family.type == "counter":
+                    self._mirror(family)
+
+    def _mirror(self, family: Metric) -> None:
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            counter = self._counters.get(family.name)
+            if counter is None:
+                counter = Counter(
+                    family.name, family.documentation, list(sample.labels), registry=None
+                )
+                self._counters[family.name] = counter
+            child = counter.labels(**sample.labels) if sample.labels else counter
+            key = (family.name, tuple(sample.labels.items()))
+            gained = sample.value - self._seen.get(key, 0.0)
+            if gained > 0:
+                child.inc(gained)
+                self._seen[key] = sample.value
+
+
+class GaugesOnly(Collector):
+    """A collector's families less its counters (CounterMirror writes those to the files)."""
+
+    def __init__(self, inner: Collector) -> None:
+        self._inner = inner
+
+    def collect(self) -> Iterator[Metric]:
+        return (f for f in self._inner.collect() if f.type != "counter")
+
+
+class SyncedFirst(Collector):
+    """The multiprocess files, read after this process's counters are mirrored into them."""
+
+    def __init__(self, mirror: CounterMirror, files: Collector) -> None:
+        self._mirror = mirror
+        self._files = files
+
+    def collect(self) -> Iterator[Metric]:
+        self._mirror.sync()
+        yield from self._files.collect()
