@@ -191,6 +191,7 @@ def run_setup(name: str, args: argparse.Namespace, gpus: list[str]) -> dict[str,
         report = figures(run_mix(urls, classes, args.output_len), args.ttft_slo, args.itl_slo)
         report["started_at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0))
         if name == "pd":
+            time.sleep(1.5)  # every API server's own counters reach the shared files each second
             counters = path_counters(before, _metrics(urls[0]))
             report["decode_counters"] = counters
             report["prefill_counters"] = handoff_cost(before_prefill, _metrics(started[0].url))
