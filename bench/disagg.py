@@ -185,6 +185,7 @@ def run_setup(name: str, args: argparse.Namespace, gpus: list[str]) -> dict[str,
             started.append(Instance("decode", [*decode, *extra], gpus[1], logs, True).ready())
             urls = [started[1].url]
         _warm(urls, args)
+        time.sleep(1.5)  # the warm-up's counts in the shared files (as after the mix)
         before = _metrics(urls[0])
         before_prefill = _metrics(started[0].url) if name == "pd" else {}
         t0 = time.time()
