@@ -236,9 +236,7 @@ class TrtllmArgs(StrictModel):
     dtype: str = "auto"
     revision: str | None = None
     tokenizer_revision: str | None = None
-    custom_tokenizer: str | None = None
-    model_kwargs: dict[str, Any] | None = None
-    env_overrides: dict[str, str] | None = None
+    # Not here: custom_tokenizer, model_kwargs, env_overrides (_HINTS).
     backend: Literal["pytorch", "autodeploy", "_autodeploy"] | None = None
     load_format: Literal["auto", "dummy", "AUTO", "DUMMY", "VISION_ONLY"] = "auto"
 
@@ -320,13 +318,21 @@ class TrtllmArgs(StrictModel):
     max_stats_len: int = 1000
     print_iter_log: bool = False
     otlp_traces_endpoint: str | None = None
-    # Not here: fail_fast_on_attention_window_too_large is TrtLlmArgs' (TensorRT backend only).
+    # BaseLlmArgs' in 1.2: 1.2's trtllm-serve (commands/serve.py, get_llm_args) passes it to
+    # the PyTorch LLM on every start. Later versions moved it to TrtLlmArgs.
+    fail_fast_on_attention_window_too_large: bool = False
 
 
+_LATER = "unknown key in TensorRT-LLM 1.2's LLM arguments (a later version's); remove it"
 _HINTS: dict[tuple[str, ...], str] = {
     ("scheduler_config", "waiting_queue_policy"): (
         "unknown key in TensorRT-LLM 1.2 (SchedulerConfig gained it in 1.3); remove it"
     ),
+    # Not in the 1.2-window llm_args.py read for issue 39's audit (2026-11-28); trtllm-serve
+    # gained --custom_tokenizer after 1.2. Where the versions are unclear, the harsher reading.
+    ("custom_tokenizer",): _LATER,
+    ("model_kwargs",): _LATER,
+    ("env_overrides",): _LATER,
 }
 """Keys a later TensorRT-LLM takes and 1.2 refuses: a clearer reason than "unknown key"."""
 

@@ -77,8 +77,9 @@ Less kind than a naive fake, as the real library is (tests/unit/test_trtllm_fide
   context block counted once, reused or missed; block keys stop before the prompt's last
   token, so cached_tokens < len(prompt) (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp);
 - `RequestOutput.abort()` raises after `llm.shutdown()`, finished or not (executor/result.py);
-- `LLM(...)` validates its kwargs with `TorchLlmArgs` (1.2's keys; no
-  `fail_fast_on_attention_window_too_large`); `tensorrt_llm.logger.logger.set_level`;
+- `LLM(...)` validates its kwargs with `TorchLlmArgs` (1.2's keys: with
+  `fail_fast_on_attention_window_too_large`, without `custom_tokenizer` / `model_kwargs` /
+  `env_overrides`); `tensorrt_llm.logger.logger.set_level`;
 - `SamplingParams.guided_decoding` (`GuidedDecodingParams`, one guide only) is ignored without
   `guided_decoding_backend`; with it, the scripted tokens are masked by llguidance built from
   the model's tokenizer (`_guided.py`); `embedding_bias` must be float32 [vocab] and steers

@@ -282,6 +282,9 @@ class TorchLlmArgs(StrictBaseModel):
     postprocess_tokenizer_dir: str | None = None
     reasoning_parser: str | None = None
     otlp_traces_endpoint: str | None = None
+    # BaseLlmArgs' in the 1.2 window: 1.2's commands/serve.py (get_llm_args) passes it to the
+    # PyTorch LLM on every start; later versions moved it to TrtLlmArgs.
+    fail_fast_on_attention_window_too_large: bool = False
     backend: str | None = None
     return_perf_metrics: bool = False
     orchestrator_type: Literal["rpc", "ray"] | None = None
@@ -319,9 +322,6 @@ class TorchLlmArgs(StrictBaseModel):
     ray_worker_extension_cls: str | None = None
     enable_sleep: bool = False
     max_stats_len: int = 1000
-    custom_tokenizer: str | None = None
-    model_kwargs: dict[str, Any] | None = None
-    env_overrides: dict[str, str] | None = None
     nvfp4_gemm_config: Nvfp4GemmConfig | None = None
 
     @model_validator(mode="after")
@@ -343,5 +343,6 @@ class TorchLlmArgs(StrictBaseModel):
 
 
 TORCH_LLM_ARGS = frozenset(TorchLlmArgs.model_fields)
-"""Every `LLM(**kwargs)` key must be one of these (§1.2, §1.3).
-`fail_fast_on_attention_window_too_large` is TrtLlmArgs' (the TensorRT backend), not here."""
+"""Every `LLM(**kwargs)` key must be one of these (§1.2, §1.3). Not custom_tokenizer,
+model_kwargs or env_overrides: the 1.2-window llm_args.py has none of them (the harsher reading
+where versions differ; trtllm-serve gained --custom_tokenizer after 1.2)."""
