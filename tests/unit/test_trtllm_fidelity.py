@@ -460,3 +460,22 @@ async def test_start_up_validates_with_torch_llm_args(
             model=str(model_dir),
             override_engine_args='{"max_batch_size": "x"}',
         )
+
+
+@pytest.mark.parametrize("library", [True, False], ids=["TorchLlmArgs", "fallback-schema"])
+def test_autodeploy_keeps_its_own_keys(monkeypatch: pytest.MonkeyPatch, library: bool) -> None:
+    """Real (tensorrt_llm/_torch/auto_deploy/llm_args.py, 1.2 window): AutoDeploy's LlmArgs has
+    model_kwargs, model_factory and the rest of AutoDeployConfig; TorchLlmArgs has none of them.
+    So they pass with the AutoDeploy backend (engine/trtllm/llm_args.py keeps them) and are
+    refused without it; a key neither has is refused either way."""
+    from trtllm_gateway.config.trtllm_schema import trtllm_args_errors
+
+    if not library:
+        _hide_tensorrt_llm(monkeypatch)
+    own = {"model_kwargs": {"num_hidden_layers": 2}, "model_factory": "AutoModelForCausalLM"}
+    assert trtllm_args_errors({"backend": "_autodeploy", **own}) == []
+    torch_errors = {e["loc"][0]: e["msg"] for e in trtllm_args_errors(own)}
+    assert "a later version's" in torch_errors["model_kwargs"]
+    assert torch_errors["model_factory"] == "unknown key" or "Extra" in torch_errors["model_factory"]
+    bad = trtllm_args_errors({"backend": "_autodeploy", "no_such_knob": 1})
+    assert [e["loc"] for e in bad] == [("no_such_knob",)]

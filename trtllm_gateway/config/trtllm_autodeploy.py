@@ -34,7 +34,7 @@ _BASE_LLM_ARGS = frozenset(
     }
 )  # fmt: skip
 
-_AUTODEPLOY_OWN = frozenset(
+AUTODEPLOY_OWN = frozenset(
     {
         "model_factory", "model_kwargs", "skip_loading_weights", "tokenizer_kwargs",
         "disable_overlap_scheduler", "world_size", "runtime", "device", "kv_cache_dtype",
@@ -44,4 +44,4 @@ _AUTODEPLOY_OWN = frozenset(
     }
 )  # fmt: skip
 
-AUTODEPLOY_ACCEPTS = _BASE_LLM_ARGS | _AUTODEPLOY_OWN
+AUTODEPLOY_ACCEPTS = _BASE_LLM_ARGS | AUTODEPLOY_OWN

@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from trtllm_gateway.config.trtllm_autodeploy import AUTODEPLOY_OWN
+
 AUTODEPLOY_UNSUPPORTED: tuple[str, ...] = (
     "build_config",
     "scheduler_config",
@@ -341,9 +343,18 @@ def trtllm_args_errors(args: dict[str, Any]) -> list[dict[str, Any]]:
     """Every problem with merged LLM args as pydantic error dicts (loc, type, msg); [] if none.
 
     TorchLlmArgs when tensorrt_llm imports (the AutoDeploy backend has its own args: the
-    fallback schema plus config.engine_args' pruning cover it), else the schema below.
+    fallback schema with AutoDeploy's own keys let through, then engine/trtllm/llm_args.py's
+    pruning, cover it), else the schema below.
     """
-    return [_with_hint(err) for err in _errors(args)]
+    errors = _errors(args)
+    if args.get("backend") in ("autodeploy", "_autodeploy"):  # its own keys are not Torch's
+        errors = [e for e in errors if not _autodeploy_own(e)]
+    return [_with_hint(err) for err in errors]
+
+
+def _autodeploy_own(err: dict[str, Any]) -> bool:
+    loc = err["loc"]
+    return err["type"] == "extra_forbidden" and len(loc) == 1 and loc[0] in AUTODEPLOY_OWN
 
 
 def _with_hint(err: dict[str, Any]) -> dict[str, Any]:
