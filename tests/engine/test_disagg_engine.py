@@ -9,8 +9,9 @@ from dataclasses import replace
 import msgspec
 import pytest
 
-from tests.engine.conftest import EngineFactory, collect, greedy
-from trtllm_gateway.engine.kv_region import KvPayload
+from tests.engine.conftest import EngineFactory, collect, greedy, thread_core
+from trtllm_gateway.engine.builtin.kv_transfer_worker import KvTransferWorker
+from trtllm_gateway.engine.kv_region import KvPayload, KvRegion
 from trtllm_gateway.engine.protocol import (
     DisaggParams,
     GenerateRequest,
@@ -134,3 +135,44 @@ async def test_mismatched_layout_is_refused(
     disagg = DisaggParams("generation_only", res.first_token_ids, None, "m", None, blob)
     with pytest.raises(InvalidRequestError, match="layout"):
         await collect(decode, replace(req, disagg=disagg))
+
+
+async def test_a_paged_hand_off_holds_its_blocks_until_released_or_expired(
+    make_engine: EngineFactory, chat_prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU prefill core's cuda_ipc hand-off is paged: the region names the prompt's blocks in
+    its shared pool (KvTransferWorker.pool_region), which stay held for the sibling. Modelled
+    here on the CPU with pool_region describing the blocks as DevicePool.describe does: the
+    blocks are held until the sibling's release, or until the lease ends; then the region is
+    gone and every block is back (KvHandoffs' bookkeeping of paged regions)."""
+
+    def pool_region(self: KvTransferWorker, block_table: list[int], tokens: int) -> KvRegion:
+        used = tuple(block_table[: -(-tokens // self.block_size)])
+        return KvRegion(
+            transport="cuda_ipc", arena="pool", offset=0, nbytes=1, shape=(1,), dtype="x",
+            kv_layout="l", blocks=used, pool_slots=1,
+        )  # fmt: skip
+
+    monkeypatch.setattr(KvTransferWorker, "pool_region", pool_region)
+    prefill = await make_engine(kv_handoff_timeout=0.5, enable_prefix_caching=False)
+    core = thread_core(prefill)
+    ctx = DisaggParams("context_only", kv_device=True)
+    for request_id in ("released", "expired"):
+        req = GenerateRequest(request_id, tuple(chat_prompts[0]), greedy(8), disagg=ctx)
+        await prefill.prefill(req)
+        assert (await prefill.stage_kv(request_id)).blocks  # paged: the held blocks
+    assert core.health().kv_active_blocks > 0
+    prefill.release_kv("released")
+    with pytest.raises(InvalidRequestError):
+        await prefill.stage_kv("released")
+    assert (await prefill.stage_kv("expired")).blocks  # still held: its lease runs
+    for _ in range(40):  # the lease (0.5 s) and the core's 1 s expiry tick
+        await asyncio.sleep(0.1)
+        try:
+            await prefill.stage_kv("expired")
+        except InvalidRequestError:
+            break
+    else:
+        pytest.fail("a paged hand-off outlived its lease")
+    assert core.health().kv_active_blocks == 0
+    assert not core._k._paged and not core._k.staged

@@ -84,19 +84,24 @@ class BlockManager:
         return n <= len(self.free)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self.free):
-            raise MemoryError(f"need {n} KV blocks, {len(self.free)} free")
+        free = self.free
+        if n > len(free):
+            raise MemoryError(f"need {n} KV blocks, {len(free)} free")
+        # Locals, not attributes, in the loops here and in release(): a 2,048-token prompt is
+        # 128 blocks, allocated and released on the engine's step thread (issue 41: its time
+        # a hand-off).
+        pop, hash_of, cached, ref_count = free.popitem, self.hash_of, self.cached, self.ref_count
         out = []
         evicted: list[int] = []
         for _ in range(n):
-            b, _ = self.free.popitem(last=False)
-            old = self.hash_of[b]
+            b, _ = pop(last=False)
+            old = hash_of[b]
             if old is not None:
-                if self.cached.get(old) == b:
-                    del self.cached[old]
+                if cached.get(old) == b:
+                    del cached[old]
                     evicted.append(signed64(old))
-                self.hash_of[b] = None
-            self.ref_count[b] = 1
+                hash_of[b] = None
+            ref_count[b] = 1
             out.append(b)
         if evicted and self.events is not None:
             self.events.append(BlockRemoved(tuple(evicted), dp_rank=self.dp_rank))
@@ -104,11 +109,14 @@ class BlockManager:
 
     def release(self, blocks: Seq[int]) -> None:
         """Drop one reference each; tail blocks first so they are evicted before the prefix."""
+        ref_count, free = self.ref_count, self.free
         for b in reversed(blocks):
-            self.ref_count[b] -= 1
-            if self.ref_count[b] == 0:
-                self.free[b] = None
-            assert self.ref_count[b] >= 0, f"block {b} released twice"
+            left = ref_count[b] - 1
+            if left <= 0:
+                if left < 0:
+                    raise AssertionError(f"block {b} released twice")
+                free[b] = None
+            ref_count[b] = left
 
     def register(
         self,

@@ -70,6 +70,9 @@ class HandoffClock:
             self.since(t0)
 
 
+EXPIRY_CHECK_S = 0.05
+
+
 class KvHandoffs:
     def __init__(
         self, lm: LoadedModel, stepper: Stepper, engine: EngineConfig, wake: Callable[[], None]
@@ -92,6 +95,8 @@ class KvHandoffs:
         self._loading: dict[str, tuple[Sequence, TokenEvent]] = {}
         self._waiting: deque[_Incoming] = deque()  # decode side: no room to reserve yet
         self._aborted: set[str] = set()
+        self._paged: set[str] = set()  # staged regions that are the held blocks themselves
+        self._next_expiry = 0.0  # when collect() next looks for leases that ran out
         self.clock = HandoffClock()
 
     # --- prefill side -----------------------------------------------------------------------
@@ -120,6 +125,7 @@ class KvHandoffs:
                 paged = self.worker.pool_region(held.block_table, held.prompt_len)
                 if paged is not None:
                     self.staged[request_id] = paged
+                    self._paged.add(request_id)
                     self.clock.count += 1
                     out.append((request_id, ev))
                     continue
@@ -144,6 +150,7 @@ class KvHandoffs:
             self.staged.pop(request_id, None)
         else:  # held blocks: a context phase not staged yet, or a paged region's
             self.staged.pop(request_id, None)
+            self._paged.discard(request_id)
             self.st.release_kv(request_id)
 
     def exported(self, request_id: str) -> KvRegion | None:
@@ -154,6 +161,7 @@ class KvHandoffs:
         region = self.staged.get(request_id)
         if region is not None and region.blocks and request_id not in self.st.handoffs:
             del self.staged[request_id]  # a paged region whose blocks went back
+            self._paged.discard(request_id)
             return None
         return region
 
@@ -242,11 +250,15 @@ class KvHandoffs:
             out += self.st.add(seq, first)
             if request_id not in self.st.seqs:  # refused, or finished on its first token
                 self._free(seq)
-        for request_id in self.worker.expire(now):
-            self.staged.pop(request_id, None)
-        for request_id in [r for r, g in self.staged.items() if g.blocks]:
-            self._exported(request_id)  # paged regions whose blocks expired or were aborted
-        self._reserve()
+        if now >= self._next_expiry:  # leases run for seconds: a look every 50 ms will do
+            self._next_expiry = now + EXPIRY_CHECK_S
+            for request_id in self.worker.expire(now):
+                self.staged.pop(request_id, None)
+        if self._paged:  # paged regions whose blocks went back (their lease ran out, an abort)
+            for request_id in self._paged - self.st.handoffs.keys():
+                self._exported(request_id)
+        if self._waiting:
+            self._reserve()
         return out
 
     def abort(self, request_id: str) -> Emitted:
@@ -283,6 +295,7 @@ class KvHandoffs:
         self.worker.close()
         out += self.collect(0.0)
         self.staged.clear()
+        self._paged.clear()
         return out
 
     def _free(self, seq: Sequence) -> None:
