@@ -28,13 +28,18 @@ from trtllm_gateway.engine.kv_events.log import (
     signed64,
 )
 
+_PACKERS: dict[int, struct.Struct] = {}
+
 
 def block_hash(prev: bytes, tokens: Seq[int], extra: bytes = b"") -> bytes:
-    """BLAKE3 of the parent's hash, the tokens as little-endian uint32 and the extra key."""
-    h = blake3(prev)
-    h.update(struct.pack(f"<{len(tokens)}I", *tokens))  # raises on an id outside uint32
-    h.update(extra)
-    return h.digest(length=16)
+    """BLAKE3 of the parent's hash, the tokens as little-endian uint32 and the extra key (the
+    three in one buffer: the same digest as three updates, for less work a block)."""
+    n = len(tokens)
+    packer = _PACKERS.get(n)
+    if packer is None:
+        packer = _PACKERS[n] = struct.Struct(f"<{n}I")
+    # packer.pack raises on an id outside uint32.
+    return blake3(b"".join((prev, packer.pack(*tokens), extra))).digest(length=16)
 
 
 class BlockManager:
@@ -133,14 +138,16 @@ class BlockManager:
             return
         self.hash_of[block] = h
         if self.cached.setdefault(h, block) == block and self.events is not None:
+            # Positional (BlockStored's field order): keywords cost more, a block a step each.
             self.events.append(
                 BlockStored(
-                    block_hashes=(signed64(h),),
-                    parent_block_hash=None if parent is None else signed64(parent),
-                    token_ids=tuple(tokens),
-                    block_size=self.block_size,
-                    dp_rank=self.dp_rank,
-                    block_mm=(mm,) if mm else (),
+                    (signed64(h),),
+                    None if parent is None else signed64(parent),
+                    tuple(tokens),
+                    self.block_size,
+                    None,
+                    self.dp_rank,
+                    (mm,) if mm else (),
                 )
             )
 
