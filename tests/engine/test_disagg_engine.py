@@ -176,3 +176,6 @@ async def test_a_paged_hand_off_holds_its_blocks_until_released_or_expired(
         pytest.fail("a paged hand-off outlived its lease")
     assert core.health().kv_active_blocks == 0
     assert not core._k._paged and not core._k.staged
+    clock = core._k.clock  # what the core logs when it stops: its step thread's cost by call
+    assert clock.count == 2 and {"stage", "exported", "release"} <= clock.by_call.keys()
+    assert clock.summary().startswith("2 KV hand-offs, the step thread ")

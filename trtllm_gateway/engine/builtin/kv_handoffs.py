@@ -14,10 +14,11 @@ The copies run on KvTransferWorker's thread; here is only bookkeeping (dicts and
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
 from trtllm_gateway.config.engine import EngineConfig
@@ -45,6 +46,7 @@ class _Incoming:
     payload: bytes | memoryview | None
 
 
+logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -58,16 +60,25 @@ class HandoffClock:
 
     count: int = 0
     seconds: float = 0.0
+    by_call: dict[str, float] = field(default_factory=dict)  # seconds by call, for the log
 
-    def since(self, t0: float) -> None:
-        self.seconds += time.perf_counter() - t0
+    def since(self, t0: float, call: str) -> None:
+        spent = time.perf_counter() - t0
+        self.seconds += spent
+        self.by_call[call] = self.by_call.get(call, 0.0) + spent
 
     def timed(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            self.since(t0)
+            self.since(t0, fn.__name__.lstrip("_"))
+
+    def summary(self) -> str:
+        """Microseconds a hand-off in all and by call (logged when the core stops)."""
+        per = {k: round(v / self.count * 1e6, 1) for k, v in sorted(self.by_call.items())}
+        total = self.seconds / self.count * 1e6
+        return f"{self.count} KV hand-offs, the step thread {total:.1f} us each: {per}"
 
 
 EXPIRY_CHECK_S = 0.05
@@ -171,7 +182,7 @@ class KvHandoffs:
         t0 = time.perf_counter()
         if not self.worker.renew(request_id, now):
             self.st.outcomes.renew_handoff(request_id, now)
-        self.clock.since(t0)
+        self.clock.since(t0, "renew")
 
     # --- decode side ------------------------------------------------------------------------
     def load(
@@ -296,6 +307,8 @@ class KvHandoffs:
         out += self.collect(0.0)
         self.staged.clear()
         self._paged.clear()
+        if self.clock.count:
+            logger.info("%s", self.clock.summary())
         return out
 
     def _free(self, seq: Sequence) -> None:
