@@ -82,3 +82,49 @@ def test_counters_sum_over_api_servers_whichever_answers(tmp_path: Path) -> None
     assert got[pulls] == 2.0  # the histogram was in the files already: one pull a server
     # A gauge is the answering server's own view, once.
     assert got[("trtllm_gateway:sibling_healthy", (("sibling", "http://p"),))] == 1.0
+
+
+RACE = textwrap.dedent(
+    """
+    import sys, threading
+    from prometheus_client import CollectorRegistry, generate_latest
+    from trtllm_gateway.engine.stats import RemotePrefillStats
+    from trtllm_gateway.web.metrics import GatewayMetrics
+
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+    metrics = GatewayMetrics(CollectorRegistry(), multiprocess_dir=sys.argv[1])
+    metrics.model_name = "m"
+    stats = RemotePrefillStats()
+    metrics.bind_remote_prefill(stats)
+    stop = threading.Event()
+
+    def sync() -> None:  # the lifespan's task and scrapes on worker threads, at once
+        while not stop.is_set():
+            metrics.sync_counters()
+            generate_latest(metrics.registry)
+
+    syncers = [threading.Thread(target=sync) for _ in range(4)]
+    for t in syncers:
+        t.start()
+    for _ in range(3000):
+        stats.record("remote")
+    stop.set()
+    for t in syncers:
+        t.join()
+    sys.stdout.write(generate_latest(metrics.registry).decode())
+    """
+)
+
+
+def test_concurrent_syncs_add_each_gain_once(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", RACE, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    remote = ("trtllm_gateway:remote_prefill_total", (("model_name", "m"), ("outcome", "remote")))
+    assert _samples(out)[remote] == 3000.0

@@ -14,6 +14,7 @@ server holds the same totals, and a sum would count them N times.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 from prometheus_client import Counter
@@ -26,13 +27,18 @@ class CounterMirror:
         self._collectors = collectors
         self._counters: dict[str, Counter] = {}
         self._seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        # The lifespan's sync runs on the event loop and a scrape's on a worker thread
+        # (the instrumentator's /metrics handler is sync): one at a time, or a gain is added
+        # twice. The collectors' own collect() (which drains raw histogram samples) too.
+        self.lock = threading.Lock()
 
     def sync(self) -> None:
         """Add what each counter gained since the last sync to this process's file."""
-        for collector in self._collectors:
-            for family in collector.collect():
-                if family.type == "counter":
-                    self._mirror(family)
+        with self.lock:
+            for collector in self._collectors:
+                for family in collector.collect():
+                    if family.type == "counter":
+                        self._mirror(family)
 
     def _mirror(self, family: Metric) -> None:
         for sample in family.samples:
@@ -55,11 +61,14 @@ class CounterMirror:
 class GaugesOnly(Collector):
     """A collector's families less its counters (CounterMirror writes those to the files)."""
 
-    def __init__(self, inner: Collector) -> None:
+    def __init__(self, inner: Collector, mirror: CounterMirror) -> None:
         self._inner = inner
+        self._mirror = mirror
 
     def collect(self) -> Iterator[Metric]:
-        return (f for f in self._inner.collect() if f.type != "counter")
+        with self._mirror.lock:
+            families = [f for f in self._inner.collect() if f.type != "counter"]
+        return iter(families)
 
 
 class SyncedFirst(Collector):

@@ -223,7 +223,9 @@ class GatewayMetrics:
         ]
         self.mirror = CounterMirror(own) if mp else None
         for collector in own:
-            scraped.register(collector if self.mirror is None else GaugesOnly(collector))
+            scraped.register(
+                collector if self.mirror is None else GaugesOnly(collector, self.mirror)
+            )
         if multiprocess_dir is not None:
             assert self.mirror is not None
             files = CollectorRegistry()
