@@ -10,7 +10,8 @@
 # PYSPY=<py-spy binary>: 10 s of the engine core's stacks mid-run (spy_core_<run>.txt);
 # NEW_ONLY=1: this tree alone. SERVER_CPUS / CLIENT_CPUS (taskset lists, e.g. 0-15 / 16-31 on a
 # 32-core host): the server as on a host of that many cores, the load generator (WORKERS
-# processes, default 8) on cores of its own, so neither takes the other's.
+# processes, default 8) on cores of its own, so neither takes the other's. NEW_ARGS / BASE_ARGS:
+# serve flags for one side only (BASE=. with NEW_ARGS="--kv-cache-dtype fp8": a flag's A/B).
 set -u
 BASE=${BASE:-.basetree}
 ROUNDS=${ROUNDS:-2}
@@ -27,15 +28,15 @@ HERE=$(pwd)
 mkdir -p "$OUT/ab"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
-one() {  # one TREE NAME COUNT: serve from TREE, load it from this tree, print one JSON line
-  local tree=$1 name=$2 count=$3 servers=()
+one() {  # one TREE NAME COUNT [FLAGS]: serve from TREE, load it from this tree, print a JSON line
+  local tree=$1 name=$2 count=$3 extra=${4:-} servers=()
   [[ "$count" == auto ]] || servers=(--api-server-count "$count")
   local pin_server=() pin_client=()
   [[ -z "${SERVER_CPUS:-}" ]] || pin_server=(taskset -c "$SERVER_CPUS")
   [[ -z "${CLIENT_CPUS:-}" ]] || pin_client=(taskset -c "$CLIENT_CPUS")
   (cd "$tree" && PYTHONPATH=/tmp/site:. exec "${pin_server[@]}" python3 -m trtllm_gateway serve --model "$HERE/$MODEL" \
     --load-format dummy --max-model-len 2304 --max-num-tokens 8192 --max-batch-size 256 \
-    --tokenizer "$HERE/$TOK" --port $PORT "${servers[@]}" \
+    --tokenizer "$HERE/$TOK" --port $PORT "${servers[@]}" $extra \
     --log-level warning) > "$OUT/ab/server_$name.log" 2>&1 &
   local server=$!
   python3 -c "from bench.serve import wait_ready; wait_ready('$URL', 300)" || {
@@ -74,8 +75,9 @@ EOF
 }
 
 for r in $(seq "$ROUNDS"); do
-  [[ -n "${NEW_ONLY:-}" ]] || one "$BASE" "base$r" "$BASE_API_SERVERS" | tee -a "$OUT/ab/runs.jsonl"
-  one . "new$r" "$API_SERVERS" | tee -a "$OUT/ab/runs.jsonl"
+  [[ -n "${NEW_ONLY:-}" ]] || one "$BASE" "base$r" "$BASE_API_SERVERS" "${BASE_ARGS:-}" \
+    | tee -a "$OUT/ab/runs.jsonl"
+  one . "new$r" "$API_SERVERS" "${NEW_ARGS:-}" | tee -a "$OUT/ab/runs.jsonl"
 done
 python3 - "$OUT/ab/runs.jsonl" <<'EOF'
 import json, statistics, sys

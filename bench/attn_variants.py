@@ -193,6 +193,11 @@ def main() -> None:
     p.add_argument("--configs", default="64,4,3 128,4,3 64,4,4 128,4,4 128,8,3")
     p.add_argument("--splits", type=int, default=0, help="0: choose_splits' count")
     p.add_argument("--transposed", action="store_true", help="also the turned-over kernel")
+    p.add_argument(
+        "--words-configs",
+        default="",
+        help="also the e4m3 cache read as 16-bit words (decode_attention_e4m3) at these configs",
+    )
     args = p.parse_args()
     x = inputs(args)
     scale = args.head_dim**-0.5
@@ -213,8 +218,14 @@ def main() -> None:
             name = f"e n{cfg[0]} w{cfg[1]} s{cfg[2]}{' pagedbt' if paged else ''}"
             variants[name] = lambda cfg=cfg, paged=paged: decode_attention(
                 x["q"], x["k"], x["v"], x["tables"], x["lens"], scale, args.page, splits,
-                out=out, config=cfg, paged_bt=paged,
+                out=out, config=cfg, paged_bt=paged, words=False,
             )  # fmt: skip
+    for c in args.words_configs.split():
+        cfg = tuple(int(n) for n in c.split(","))
+        variants[f"words n{cfg[0]} w{cfg[1]} s{cfg[2]}"] = lambda cfg=cfg: decode_attention(
+            x["q"], x["k"], x["v"], x["tables"], x["lens"], scale, args.page, splits,
+            out=out, config=cfg, words=True,
+        )  # fmt: skip
     if args.transposed:
         for c in args.configs.split():
             cfg = tuple(int(n) for n in c.split(","))

