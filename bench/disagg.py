@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESETS: dict[str, dict[str, Any]] = {
     "gpu-8b": {
         "serve_args": "--model trtllm_gateway/config/models/llama-3.1-8b.json --load-format dummy "
-        "--max-batch-size 64 --max-model-len 4096 --log-level warning",
+        "--max-batch-size 64 --max-model-len 4096 --log-level info",  # info: the cores' hand-off
+        # cost by call when they stop (kv_handoffs.HandoffClock.summary) is in --log-dir
         "long_len": 2048,
         "short_len": 64,
         "num_prompts": 48,

@@ -179,3 +179,5 @@ async def test_a_paged_hand_off_holds_its_blocks_until_released_or_expired(
     clock = core._k.clock  # what the core logs when it stops: its step thread's cost by call
     assert clock.count == 2 and {"stage", "exported", "release"} <= clock.by_call.keys()
     assert clock.summary().startswith("2 KV hand-offs, the step thread ")
+    assert clock.longest.keys() == clock.by_call.keys()  # each kind's longest call, for outliers
+    assert all(clock.longest[k] <= clock.by_call[k] for k in clock.longest)
