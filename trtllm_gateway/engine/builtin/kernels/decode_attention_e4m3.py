@@ -9,11 +9,12 @@ P @ V_even, P @ V_odd into two accumulators stored back interleaved.
 
 Why: with the cache typed e4m3, Triton moves the widening after the copy to the MMA operand's
 layout, so the bytes of K leave shared memory one at a time (LDS.U8, and a register move to pack
-each pair): the main loop of the engine's kernel at 64 tokens and 2 warps is 1,086 instructions a
-warp, 34 a token, against 32 a token for a bf16 cache that moves twice the bytes. Typed as 16-bit
+each pair): the main loop of the byte-typed kernel at 64 tokens and 2 warps is 1,086 instructions
+a warp, 34 a key, against 32 a key for a bf16 cache that moves twice the bytes. Typed as 16-bit
 words the tiles leave shared memory by ldmatrix (transposed for V), and the loop is 721
-instructions, 22.5 a token (SASS of both compiled for sm_90 by Triton 3.6's ptxas; 135M's shape:
-21 -> 15). The widening is exact either way: every e4m3 value is an fp16 value.
+instructions at the same tiles, 22.5 a key; 20.7 at the engine's 128-token tiles (135M's heads:
+21 -> 13.4). `python -m bench.kernel_sass decode --kv fp8 [--bytes]` compiles both for sm_90 on a
+CPU and counts them. The widening is exact either way: every e4m3 value is an fp16 value.
 """
 
 from __future__ import annotations
