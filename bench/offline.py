@@ -247,12 +247,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             st.scheduler.max_batch_size = max(1, min(st.scheduler.max_batch_size, fit))
             report["max_running"] = st.scheduler.max_batch_size
         runs = []
-        for conc in args.concurrency if args.num_prompts else []:
-            prompts = random_prompts(args.num_prompts, args.input_len, vocab, args.seed)
+        for level, conc in enumerate(args.concurrency if args.num_prompts else []):
+            # Fresh prompts at each level: the same ones again would be prefix-cache hits (a
+            # 1.9M-token e4m3 cache on an H200 kept all 768 of the level before: 2026-11-28).
+            seed = args.seed + 100 * level
+            prompts = random_prompts(args.num_prompts, args.input_len, vocab, seed)
             c = conc or args.num_prompts
             tid = _core_tid()
             cpu0 = _thread_cpu_s(tid)
+            hits0 = engine.health().prefix_cache_hits
             r = await run_load(engine, prompts, args.output_len, c, args.temperature)
+            r["prefix_cache_hits"] = engine.health().prefix_cache_hits - hits0  # 0: fresh prompts
             # The core thread's share of one CPU over the run (issue 39: below ~70% at 256).
             r["core_thread_cpu_pct"] = (_thread_cpu_s(tid) - cpu0) / r["duration_s"] * 100
             r["input_len"], r["output_len"] = args.input_len, args.output_len
