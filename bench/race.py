@@ -109,14 +109,17 @@ def wait_ready(server: Server, timeout: float = 900.0) -> None:
 
 
 def serve_args(args: argparse.Namespace, port: int, conc: int, rnd: int) -> argparse.Namespace:
-    """bench.serve's arguments for one measurement: the same prompts for every server in a
-    round, new ones each round (both servers cache prefixes: a prompt seen in an earlier round
-    would measure a cache hit; seeds 1000 apart, as bench.serve's warmup takes seed + 1)."""
+    """bench.serve's arguments for one measurement: the same prompts for every server, new
+    ones for each round and each concurrency (both servers cache prefixes: a prompt seen in an
+    earlier measurement would measure a cache hit; until 2026-11-28 the concurrencies of a round
+    shared one seed, so a later one's first prompts were the earlier one's; seeds 100 apart, as
+    bench.serve's warmup takes seed + 1)."""
     n = max(args.min_prompts, 2 * conc)
+    seed = 1000 * rnd + 100 * args.concurrency.index(conc)
     return serve_parser().parse_args(
         [
             *("--base-url", f"http://127.0.0.1:{port}", "--num-prompts", str(n)),
-            *("--seed", str(1000 * rnd)),
+            *("--seed", str(seed)),
             *("--input-len", str(args.input_len), "--output-len", str(args.output_len)),
             *("--max-concurrency", str(conc), "--vocab-size", "49152", "--warmup", "2"),
         ]

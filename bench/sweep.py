@@ -25,6 +25,7 @@ from typing import Any
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from bench.disagg import _metrics, _sum
 from bench.run import _cpu_name, _load
 from bench.sweep_grid import EngineConfig, Grid, load_grid
 from bench.sweep_loadgen import LOADGENS, aiperf_available, run_aiperf, run_builtin
@@ -40,15 +41,25 @@ def point_name(cfg: EngineConfig, concurrency: int, isl: int, osl: int) -> str:
 
 
 def run_point(
-    args: argparse.Namespace, grid: Grid, cfg: EngineConfig, url: str, c: int, isl: int, osl: int
+    args: argparse.Namespace,
+    grid: Grid,
+    cfg: EngineConfig,
+    url: str,
+    c: int,
+    isl: int,
+    osl: int,
+    seed: int = 0,
 ) -> dict[str, Any]:
+    """One point against a server that served the config's points before it: seed gives it
+    prompts of its own (the same seed for the same point of every config)."""
     n = grid.num_requests(c)
     load = _load()
+    hits = _prefix_hits(url)
     if args.loadgen == "aiperf":
         tag = point_name(cfg, c, isl, osl).removesuffix(".json")
         metrics = run_aiperf(url, c, isl, osl, n, args.out / "aiperf" / tag, args.tokenizer)
     else:
-        metrics = run_builtin(url, c, isl, osl, n, grid.warmup, args.vocab_size, grid.workers)
+        metrics = run_builtin(url, c, isl, osl, n, grid.warmup, args.vocab_size, grid.workers, seed)
     return {
         "config": cfg.name,
         "kind": cfg.kind,
@@ -62,7 +73,13 @@ def run_point(
         "output_tok_s_per_gpu": metrics["output_throughput"] / cfg.gpus,
         "load_before": load,
         "load_after": _load(),
+        "prefix_cache_hit_tokens": _prefix_hits(url) - hits,  # 0: the point's prompts are new
     }
+
+
+def _prefix_hits(url: str) -> float:
+    """The server's prompt tokens found in its prefix cache so far (its /metrics)."""
+    return _sum(_metrics(url), "trtllm_gateway:prefix_cache_hits_total")
 
 
 def sweep(args: argparse.Namespace, grid: Grid) -> list[dict[str, Any]]:
@@ -80,13 +97,13 @@ def sweep(args: argparse.Namespace, grid: Grid) -> list[dict[str, Any]]:
                 bar.update(len(mine))
                 continue
             with serving(cfg, grid.serve_args, args.out) as url:
-                for _, c, isl, osl in mine:
+                for i, (_, c, isl, osl) in enumerate(mine):
                     path = points_dir / point_name(cfg, c, isl, osl)
                     if args.resume and path.exists():
                         row = json.loads(path.read_text())
                     else:
                         bar.set_postfix_str(f"{cfg.name} c={c} isl={isl} osl={osl}")
-                        row = run_point(args, grid, cfg, url, c, isl, osl)
+                        row = run_point(args, grid, cfg, url, c, isl, osl, seed=100 * i)
                         path.write_text(json.dumps(row, indent=1))
                     rows.append(row)
                     bar.update(1)

@@ -38,12 +38,16 @@ def run_builtin(
     warmup: int,
     vocab: int,
     workers: int = 1,
+    seed: int = 0,
 ) -> dict[str, Any]:
+    """One point; seed: its prompts' (a point after another on the same server needs prompts
+    of its own, or it measures prefix-cache hits)."""
     args = serve_parser().parse_args(
         [
             "--base-url", url, "--num-prompts", str(requests), "--input-len", str(isl),
             "--output-len", str(osl), "--max-concurrency", str(concurrency),
             "--warmup", str(warmup), "--vocab-size", str(vocab), "--workers", str(workers),
+            "--seed", str(seed),
         ]
     )  # fmt: skip
     r = run_benchmark(args)

@@ -106,7 +106,7 @@ def test_tiny_sweep_on_the_real_model(tmp_path: Path) -> None:
         "name": "tiny",
         "serve_args": ["--device", "cpu", "--num-kv-blocks", "256", "--log-level", "warning"],
         "concurrency": [1, 2],
-        "isl_osl": [[16, 4]],
+        "isl_osl": [[40, 4]],  # two full blocks a prompt: a repeated prompt would hit 32 tokens
         "requests_per_concurrency": 1,
         "min_requests": 2,
         "warmup": 1,
@@ -123,12 +123,14 @@ def test_tiny_sweep_on_the_real_model(tmp_path: Path) -> None:
     for r in rows:
         assert r["completed"] == "2" and r["failed"] == "0"
         assert float(r["output_throughput"]) > 0 and float(r["tok_s_per_user"]) > 0
-    point = json.loads((out / "points" / "aggregated-isl16-osl4-c2.json").read_text())
+        # Each point's prompts are its own (with one seed for all, c=2 hit c=1's: checked).
+        assert float(r["prefix_cache_hit_tokens"]) == 0
+    point = json.loads((out / "points" / "aggregated-isl40-osl4-c2.json").read_text())
     assert point["num_requests"] == 2 and point["osl"] == 4
-    for name in ("pareto-isl16-osl4.png", "ttft-isl16-osl4.png", "itl-isl16-osl4.png"):
+    for name in ("pareto-isl40-osl4.png", "ttft-isl40-osl4.png", "itl-isl40-osl4.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     index = (out / "index.html").read_text()
-    assert "pareto-isl16-osl4.png" in index and "summary.csv" in index
+    assert "pareto-isl40-osl4.png" in index and "summary.csv" in index
     # --plots-only redraws from the points without a server.
     (out / "index.html").unlink()
     assert (
@@ -173,7 +175,7 @@ def test_a_disaggregated_config_gives_both_siblings_one_internal_key(
         {
             "name": "g",
             "concurrency": [1],
-            "isl_osl": [[16, 4]],
+            "isl_osl": [[40, 4]],  # two full blocks a prompt: a repeated prompt would hit 32 tokens
             "configs": [{"name": "pd", "prefill_args": [], "decode_args": []}],
         }
     )
