@@ -31,7 +31,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 
 from bench.serve import parser as serve_parser
-from bench.serve import run_benchmark
+from bench.serve import prefix_cache_hits, run_benchmark
 from trtllm_gateway.engine.builtin.run_queue import waited_ns
 
 
@@ -129,9 +129,12 @@ def serve_args(args: argparse.Namespace, port: int, conc: int, rnd: int) -> argp
 def measure(server: Server, args: argparse.Namespace, conc: int, rnd: int) -> dict[str, Any]:
     server.thaw()
     try:
-        before, w0, t0 = load(), server.waited_ns(), time.monotonic()
+        url = f"http://127.0.0.1:{server.port}"
+        before, w0, t0, hits = load(), server.waited_ns(), time.monotonic(), prefix_cache_hits(url)
         r = run_benchmark(serve_args(args, server.port, conc, rnd))
         wall = time.monotonic() - t0
+        if hits is not None:  # the gateway's: 0 when every prompt is new to it
+            r["prefix_cache_hit_tokens"] = (prefix_cache_hits(url) or 0.0) - hits
         r["wait_share"] = round((server.waited_ns() - w0) / 1e9 / wall, 2)
         r["load_before"], r["load_after"] = before, load()
     finally:

@@ -153,6 +153,18 @@ def request_body(args: argparse.Namespace, model: str, prompt: list[int] | str) 
     return body
 
 
+def prefix_cache_hits(base: str) -> float | None:
+    """The gateway's prompt tokens found in its prefix cache so far (its /metrics), or None for
+    a server without that counter (llama.cpp)."""
+    try:
+        text = httpx.get(f"{base}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return None
+    name = "trtllm_gateway:prefix_cache_hits_total"
+    values = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name)]
+    return sum(values) if values else None
+
+
 def wait_ready(base: str, timeout: float) -> None:
     """Poll /health until the server answers 200 (the engine has loaded)."""
     deadline = time.monotonic() + timeout

@@ -25,8 +25,8 @@ from typing import Any
 
 from tqdm import tqdm  # type: ignore[import-untyped]
 
-from bench.disagg import _metrics, _sum
 from bench.run import _cpu_name, _load
+from bench.serve import prefix_cache_hits
 from bench.sweep_grid import EngineConfig, Grid, load_grid
 from bench.sweep_loadgen import LOADGENS, aiperf_available, run_aiperf, run_builtin
 from bench.sweep_plots import COLUMNS, draw_all, write_index
@@ -54,7 +54,7 @@ def run_point(
     prompts of its own (the same seed for the same point of every config)."""
     n = grid.num_requests(c)
     load = _load()
-    hits = _prefix_hits(url)
+    hits = prefix_cache_hits(url) or 0.0
     if args.loadgen == "aiperf":
         tag = point_name(cfg, c, isl, osl).removesuffix(".json")
         metrics = run_aiperf(url, c, isl, osl, n, args.out / "aiperf" / tag, args.tokenizer)
@@ -73,13 +73,9 @@ def run_point(
         "output_tok_s_per_gpu": metrics["output_throughput"] / cfg.gpus,
         "load_before": load,
         "load_after": _load(),
-        "prefix_cache_hit_tokens": _prefix_hits(url) - hits,  # 0: the point's prompts are new
+        # 0: the point's prompts are new to the server
+        "prefix_cache_hit_tokens": (prefix_cache_hits(url) or 0.0) - hits,
     }
-
-
-def _prefix_hits(url: str) -> float:
-    """The server's prompt tokens found in its prefix cache so far (its /metrics)."""
-    return _sum(_metrics(url), "trtllm_gateway:prefix_cache_hits_total")
 
 
 def sweep(args: argparse.Namespace, grid: Grid) -> list[dict[str, Any]]:
