@@ -7,7 +7,8 @@
 # One line per run (tree, output tok/s, the core's main thread %); the median of the pairwise
 # ratios (this tree over BASE) at the end. API_SERVERS=auto serves this tree with its default
 # count; BASE_API_SERVERS (default API_SERVERS) is the base tree's. Logs under $OUT/ab.
-# PYSPY=<py-spy binary>: 10 s of the engine core's stacks mid-run (spy_core_<run>.txt);
+# PYSPY=<py-spy binary>: 10 s of the engine core's and the first API server's stacks mid-run
+# (spy_core_<run>.txt, spy_api_<run>.txt);
 # NEW_ONLY=1: this tree alone. SERVER_CPUS / CLIENT_CPUS (taskset lists, e.g. 0-15 / 16-31 on a
 # 32-core host): the server as on a host of that many cores, the load generator (WORKERS
 # processes, default 8) on cores of its own, so neither takes the other's. NEW_ARGS / BASE_ARGS:
@@ -54,6 +55,10 @@ one() {  # one TREE NAME COUNT [FLAGS]: serve from TREE, load it from this tree,
     core=$(pgrep -P $server -f trtllm_gateway.engine.transport.process | head -1)
     [[ -n "$core" ]] && "$PYSPY" record --pid "$core" --duration 10 --rate 100 --nonblocking \
       --format raw -o "$OUT/ab/spy_core_$name.txt" > /dev/null 2>&1 &
+    local api
+    api=$(pgrep -P $server -f trtllm_gateway.app.api_server | head -1)
+    [[ -n "$api" ]] && "$PYSPY" record --pid "$api" --duration 10 --rate 100 --nonblocking \
+      --format raw -o "$OUT/ab/spy_api_$name.txt" > /dev/null 2>&1 &
   fi
   wait $client
   local kids

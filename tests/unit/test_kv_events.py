@@ -14,11 +14,13 @@ from trtllm_gateway.engine.kv_events.log import (
     BlockRemoved,
     BlockStored,
     KvEventLog,
+    MmSpan,
     event_from_json,
     event_json,
     signed64,
 )
-from trtllm_gateway.engine.protocol import SamplingParams
+from trtllm_gateway.engine.protocol import EngineHealth, SamplingParams
+from trtllm_gateway.engine.transport import messages as m
 
 BS = 4
 
@@ -128,6 +130,33 @@ def test_json_round_trip() -> None:
     assert [x["event_id"] for x in lines] == [0, 1, 2]
     assert lines[0]["type"] == "BlockStored" and lines[0]["parent_block_hash"] is None
     assert [event_from_json(x) for x in lines] == events
+
+
+def test_events_cross_the_core_pipe_as_they_are() -> None:
+    """OutputBatch carries the events as tagged arrays; the client's log numbers a batch's
+    events in order (KvEventLog.extend), as one append each would."""
+    events = [
+        AllBlocksCleared(dp_rank=1),
+        BlockStored((1, -2), None, (1, 2, 3, 4, 5, 6, 7, 8), 4, None, 1),
+        BlockStored((3,), -2, (9, 9, 9, 9), 4, 7, 0, ((MmSpan("ab" * 32, 1, 3),),)),
+        BlockRemoved((-2, 3), dp_rank=1),
+    ]
+    batch = m.OutputBatch([], [], EngineHealth(state="ready"), events)
+    got = m.decode_outbound(m.encode(batch))
+    assert isinstance(got, m.OutputBatch) and got.kv_events == events
+    assert [type(e) for e in got.kv_events] == [type(e) for e in events]
+    log, one_by_one = KvEventLog(4), KvEventLog(4)
+    log.append(BlockRemoved((5,)))
+    log.extend(got.kv_events)
+    log.extend([])
+    for ev in [BlockRemoved((5,)), *events]:
+        one_by_one.append(ev)
+    records, _ = log.since(-1)
+    assert [(r.event_id, r.event) for r in records] == [
+        (r.event_id, r.event) for r in one_by_one.since(-1)[0]
+    ]
+    assert log.next_id == 5
+    assert [event_from_json(event_json(r)) for r in records[1:]] == events
 
 
 def test_log_resume_loss_and_wait() -> None:

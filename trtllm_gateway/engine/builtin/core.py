@@ -30,7 +30,7 @@ from trtllm_gateway.engine.builtin.vision.embedder import create_embedder
 from trtllm_gateway.engine.builtin.vision.placeholders import PlacedImage
 from trtllm_gateway.engine.builtin.wakeup import Wakeup
 from trtllm_gateway.engine.guided.matcher import RowMatcher
-from trtllm_gateway.engine.kv_events.log import KvEventOutbox, event_fields
+from trtllm_gateway.engine.kv_events.log import KvEventOutbox
 from trtllm_gateway.engine.logits.load import args_of
 from trtllm_gateway.engine.protocol import (
     EngineError,
@@ -192,7 +192,7 @@ class EngineCore:
                 events.append((request_id, ev))
             else:
                 errors.append((request_id, RequestError.of(ev)))
-        kv = [event_fields(e) for e in self.kv_events.drain()]
+        kv = self.kv_events.drain()
         return OutputBatch(events, errors, self.health(), kv, self._remote_encode_outcomes())
 
     def _remote_encode_outcomes(self) -> dict[str, int] | None:

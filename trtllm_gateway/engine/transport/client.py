@@ -29,7 +29,7 @@ import zmq.asyncio
 
 from trtllm_gateway.engine.capabilities import EngineExtras
 from trtllm_gateway.engine.disagg import kv_wire
-from trtllm_gateway.engine.kv_events.log import KvEventLog, event_from_json
+from trtllm_gateway.engine.kv_events.log import KvEventLog
 from trtllm_gateway.engine.kv_region import HostArenas, KvPayload, KvRegion, KvRegionError
 from trtllm_gateway.engine.protocol import (
     EngineDeadError,
@@ -316,8 +316,8 @@ class CoreClient:
             msg = m.decode_outbound(frames[0])
             if isinstance(msg, m.OutputBatch):
                 self._health = msg.health
-                for raw in msg.kv_events:
-                    self.kv_event_log.append(event_from_json(raw))
+                if msg.kv_events:
+                    self.kv_event_log.extend(msg.kv_events)
                 if msg.remote_encode is not None and self.remote_encode_outcomes is not None:
                     self.remote_encode_outcomes.update(
                         {

@@ -11,10 +11,11 @@ as its own ZMQ frame after the message that names it, never inside the msgpack b
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
+from trtllm_gateway.engine.kv_events.log import KvCacheEvent
 from trtllm_gateway.engine.kv_region import KvRegion
 from trtllm_gateway.engine.protocol import (
     ContextTooLongError,
@@ -148,8 +149,8 @@ class OutputBatch(msgspec.Struct, frozen=True, tag="batch"):
     events: list[tuple[str, TokenEvent]]
     errors: list[tuple[str, RequestError]]
     health: EngineHealth
-    # The prefix cache's KV events since the last batch, in engine/kv_events.event_json form.
-    kv_events: list[dict[str, Any]] = []
+    # The prefix cache's KV events since the last batch (tagged arrays).
+    kv_events: list[KvCacheEvent] = []
     # Cumulative outcomes of image encodes sent to an encode sibling (--encode-url), if any.
     remote_encode: dict[str, int] | None = None
 
