@@ -13,6 +13,7 @@ from trtllm_gateway.engine.kv_events.log import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    KvCacheEvent,
     KvEventLog,
     MmSpan,
     event_from_json,
@@ -118,7 +119,7 @@ def test_signed64() -> None:
 
 def test_json_round_trip() -> None:
     log = KvEventLog(4)
-    events = [
+    events: list[KvCacheEvent] = [
         BlockStored((1, -2), None, (1, 2, 3, 4, 5, 6, 7, 8), 4),
         BlockRemoved((-2,)),
         AllBlocksCleared(),
@@ -135,7 +136,7 @@ def test_json_round_trip() -> None:
 def test_events_cross_the_core_pipe_as_they_are() -> None:
     """OutputBatch carries the events as tagged arrays; the client's log numbers a batch's
     events in order (KvEventLog.extend), as one append each would."""
-    events = [
+    events: list[KvCacheEvent] = [
         AllBlocksCleared(dp_rank=1),
         BlockStored((1, -2), None, (1, 2, 3, 4, 5, 6, 7, 8), 4, None, 1),
         BlockStored((3,), -2, (9, 9, 9, 9), 4, 7, 0, ((MmSpan("ab" * 32, 1, 3),),)),
