@@ -11,7 +11,9 @@
 # (spy_core_<run>.txt, spy_api_<run>.txt);
 # NEW_ONLY=1: this tree alone. SERVER_CPUS / CLIENT_CPUS (taskset lists, e.g. 0-15 / 16-31 on a
 # 32-core host): the server as on a host of that many cores, the load generator (WORKERS
-# processes, default 8) on cores of its own, so neither takes the other's. NEW_ARGS / BASE_ARGS:
+# processes, default 8) on cores of its own, so neither takes the other's. SERVER_CPUS=half: the
+# first half of the physical cores with their hyperthreads, the load generator the rest
+# (bench/cpu_split.py; on a host whose CPU i and i + 16 are siblings, 0-15 / 16-31 is not a split). NEW_ARGS / BASE_ARGS:
 # serve flags for one side only (BASE=. with NEW_ARGS="--kv-cache-dtype fp8": a flag's A/B).
 set -u
 BASE=${BASE:-.basetree}
@@ -27,6 +29,10 @@ PORT=8124
 URL=http://127.0.0.1:$PORT
 HERE=$(pwd)
 mkdir -p "$OUT/ab"
+if [[ "${SERVER_CPUS:-}" == half ]]; then
+  read -r SERVER_CPUS CLIENT_CPUS < <(python3 -m bench.cpu_split)
+  echo "server on CPUs $SERVER_CPUS, load generator on $CLIENT_CPUS" >&2
+fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 one() {  # one TREE NAME COUNT [FLAGS]: serve from TREE, load it from this tree, print a JSON line
