@@ -25,13 +25,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.offline import engine_config_from
+from bench.offline import engine_config_from, random_prompts
 from bench.profile_step import add_all, one_iteration
 from bench.profile_step import parser as step_parser
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
+from trtllm_gateway.engine.protocol import SamplingParams
 from trtllm_gateway.engine.transport.loop import settle_heap
+from trtllm_gateway.engine.transport.messages import Add, encode
 
 TINY = {
     "architectures": ["LlamaForCausalLM"],
@@ -57,6 +59,12 @@ def parser() -> argparse.ArgumentParser:
     p = step_parser()
     p.description = __doc__
     p.add_argument("--reps", type=int, default=5, help="windows of --steps steps")
+    p.add_argument(
+        "--churn",
+        action="store_true",
+        help="requests end after --output-len tokens and a new prompt of --input-len takes "
+        "each one's place (a served run's joins, prefills and finishes), their starts staggered",
+    )
     p.set_defaults(input_len=64, output_len=4096, max_model_len=4352, steps=60, load_format="dummy")
     return p
 
@@ -89,7 +97,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         core = EngineCore(BuiltinConfig(engine_config_from(args)))
         core.load(lambda _: None)
     settle_heap()
-    add_all(core, args)
+    if not args.churn:
+        add_all(core, args)
     pipe = core._st.pipeline
     clock = _Timed()
     clock.wrap(pipe.scheduler, "schedule", "schedule")
@@ -100,13 +109,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     clock.wrap(core, "batch", "batch")
     clock.wrap(StepBatch, "build", "build")  # a classmethod: called on the class, bound
     counts: dict[str, int] = {}
+    step: Callable[[], int] = lambda: one_iteration(core, counts)  # noqa: E731
+    if args.churn:
+        step = _churn(core, args, counts)
+        while core._st.scheduler.waiting:  # the first prompts' prefills
+            step()
     while len(counts) < args.running or min(counts.values()) < args.warm_tokens:
-        one_iteration(core, counts)
+        step()
     windows = []
     for _ in range(args.reps):
         clock.spent = {}
         t = time.perf_counter()
-        tokens = sum(one_iteration(core, counts) for _ in range(args.steps))
+        tokens = sum(step() for _ in range(args.steps))
         wall = time.perf_counter() - t
         windows.append((wall, tokens, dict(clock.spent)))
     on_cpu = core.steps_on_cpu
@@ -125,6 +139,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "median_of": len(windows),
         "step_ms_spread": round(statistics.pstdev(w[0] * per for w in windows), 3),
     }
+
+
+def _churn(core: EngineCore, args: argparse.Namespace, counts: dict[str, int]) -> Callable[[], int]:
+    """A step that replaces each finished request with a new prompt. The first requests' lengths
+    are staggered over 1..--output-len, so that about running / output_len end a step, as in a
+    served run's steady state, not all in one step."""
+    vocab = core.info.vocab_size
+    started = [0]
+
+    def add(n: int, max_tokens: int) -> None:
+        prompts = random_prompts(n, args.input_len, vocab, args.seed + started[0])
+        for prompt in prompts:
+            sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+            request_id = f"churn-{started[0]}"
+            started[0] += 1
+            core.handle(Add(request_id=request_id, prompt_token_ids=prompt, sampling=sp), [])
+
+    for i in range(args.running):
+        add(1, 1 + i * args.output_len // args.running)
+
+    def step() -> int:
+        core.step()
+        batch = core.batch()
+        encode(batch)
+        ended = 0
+        for request_id, ev in batch.events:
+            counts[request_id] = counts.get(request_id, 0) + len(ev.token_ids)
+            if ev.finish_reason is not None:
+                counts.pop(request_id)
+                ended += 1
+        add(ended, args.output_len)
+        return sum(len(ev.token_ids) for _, ev in batch.events)
+
+    return step
 
 
 def main() -> None:

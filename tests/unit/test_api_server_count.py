@@ -11,13 +11,14 @@ from trtllm_gateway.app.api_server_count import api_server_count, resolve_api_se
 @pytest.mark.parametrize(
     ("flags", "cores", "gpu", "count"),
     [
-        ([], 16, True, 4),  # a 16-core GPU host
-        ([], 64, True, 4),  # at most MAX_AUTO
-        ([], 8, True, 2),
-        ([], 7, True, 1),
+        ([], 16, True, 8),  # a 16-core GPU host
+        ([], 64, True, 8),  # at most MAX_AUTO
+        ([], 9, True, 4),
+        ([], 8, True, 4),
+        ([], 7, True, 1),  # fewer than MIN_CORES
         ([], 2, True, 1),  # CI's machine size
         ([], 16, False, 1),  # --device auto on a host without a GPU: the CPU engine
-        (["--device", "cuda:1"], 16, None, 4),  # asked for a GPU: no driver query
+        (["--device", "cuda:1"], 16, None, 8),  # asked for a GPU: no driver query
         (["--device", "cpu"], 16, True, 1),
         (["--engine", "trtllm"], 16, True, 1),
         (["--no-engine-process"], 16, True, 1),

@@ -2,9 +2,10 @@
 
 One API server's event loop renders and sends ~15k SSE chunks a second on an H100 host's core
 (docs/benchmarks.md, "The API server's cost a chunk"), and the built-in engine on a GPU emits
-three times that at a large batch of a small model; so a GPU host runs one server per
-CORES_PER_SERVER cores, at most MAX_AUTO (a 16-core host: 4; eight served no more there, 135M at
-256 running on an H200: docs/benchmarks.md, "GPU: the serving core's step loop at 256 running").
+four to five times that at a large batch of a small model; so a GPU host of at least MIN_CORES
+cores runs one server per CORES_PER_SERVER cores, at most MAX_AUTO (a 16-core host: 8, which
+served the 135M at 256 running 1.20x faster than 4 on a 16-core H200 host, and 1.09-1.15x with
+the load generator on other cores: docs/benchmarks.md, "API servers: eight on a 16-core host").
 A CPU engine needs the cores itself and emits far fewer tokens: 1.
 """
 
@@ -16,8 +17,9 @@ import os
 from trtllm_gateway.config.api_servers import unshareable
 from trtllm_gateway.config.gateway import GatewayConfig
 
-MAX_AUTO = 4
-CORES_PER_SERVER = 4
+MAX_AUTO = 8
+CORES_PER_SERVER = 2
+MIN_CORES = 8  # fewer: the engine core, the tokenizers and one server share them
 
 
 def resolve_api_servers(config: GatewayConfig) -> GatewayConfig:
@@ -36,7 +38,7 @@ def api_server_count(config: GatewayConfig, cores: int, gpu: bool | None) -> int
         return 1
     count = min(MAX_AUTO, cores // CORES_PER_SERVER)
     device = config.engine.device
-    if count <= 1 or device == "cpu":
+    if cores < MIN_CORES or device == "cpu":
         return 1
     if not device.startswith("cuda") and not (_has_gpu() if gpu is None else gpu):
         return 1

@@ -26,8 +26,8 @@ class ServerConfig(BaseModel):
         None,
         ge=1,
         description="HTTP server processes on the one port, sharing one engine core (vLLM's "
-        "flag). Default auto: on a GPU host one per 4 CPU cores, at most 4 (a 16-core host runs "
-        "4), as one event loop cannot keep up with a GPU engine's tokens; 1 on a CPU device, on "
+        "flag). Default auto: on a GPU host one per 2 CPU cores, at most 8 (a 16-core host runs "
+        "8), as one event loop cannot keep up with a GPU engine's tokens; 1 on a CPU device, on "
         "fewer than 8 cores, and where servers cannot share (--engine trtllm, "
         "--no-engine-process, --mode encode, --kv-events-zmq). More than 1 needs the built-in "
         "engine in its own process.",
