@@ -105,7 +105,7 @@ def test_shared_blocks_are_refcounted() -> None:
     found = bm.match_prefix(_chain(prompt))
     assert found == held
     bm.acquire(found)
-    assert bm.num_free == 2 and all(b not in bm.free for b in held)
+    assert bm.num_free == 2 and all(b not in bm.free_blocks() for b in held)
 
 
 def test_reuse_is_oldest_free_first_and_evicts_cached_hashes() -> None:
@@ -115,7 +115,7 @@ def test_reuse_is_oldest_free_first_and_evicts_cached_hashes() -> None:
     held = _cache(bm, prompt)  # blocks 0, 1
     assert held == [0, 1]
     bm.release(held)  # tail first: block 1 is freed before block 0
-    assert list(bm.free) == [2, 3, 1, 0]
+    assert bm.free_blocks() == [2, 3, 1, 0]
     # Never-used blocks go first; the cached prefix survives them.
     assert bm.allocate(2) == [2, 3]
     assert bm.match_prefix(_chain(prompt)) == [0, 1]
