@@ -90,6 +90,8 @@ class EngineCore:
         self.info = parts.info
         self._kv = KvHandoffs(lm, parts.stepper, self.config.engine, self._wakeup.set)
         arena = self._kv.worker.host_arena() if self.info.mode == "prefill" else None
+        if self.info.mode == "prefill":
+            self._kv.worker.share_pool()
         self.info = replace(
             self.info,
             kv_arena=arena.name if arena is not None else "",
