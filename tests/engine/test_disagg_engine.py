@@ -181,3 +181,5 @@ async def test_a_paged_hand_off_holds_its_blocks_until_released_or_expired(
     assert clock.summary().startswith("2 KV hand-offs, the step thread ")
     assert clock.longest.keys() == clock.by_call.keys()  # each kind's longest call, for outliers
     assert all(clock.longest[k] <= clock.by_call[k] for k in clock.longest)
+    assert clock.cpu_by_call.keys() == clock.by_call.keys()  # wall against the thread's CPU
+    assert "its CPU time by call (us)" in clock.summary()
