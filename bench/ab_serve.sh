@@ -4,7 +4,8 @@
 # Run on the device from the repository root, with the other tree carried beside it:
 #   git worktree add .basetree <commit>        # here; carry [".whl", ".basetree"]
 #   BASE=.basetree ROUNDS=2 API_SERVERS=4 bash bench/ab_serve.sh      # there
-# One line per run (tree, output tok/s, the core's main thread %); the median of the pairwise
+# One line per run (tree, output tok/s, the core's main thread %, and the core's StepClock: each
+# stage's wall / CPU ms a step, logged at info when it stops); the median of the pairwise
 # ratios (this tree over BASE) at the end. API_SERVERS=auto serves this tree with its default
 # count; BASE_API_SERVERS (default API_SERVERS) is the base tree's. Logs under $OUT/ab.
 # PYSPY=<py-spy binary>: 10 s of the engine core's and the first API server's stacks mid-run
@@ -44,7 +45,7 @@ one() {  # one TREE NAME COUNT [FLAGS]: serve from TREE, load it from this tree,
   (cd "$tree" && PYTHONPATH=/tmp/site:. exec "${pin_server[@]}" python3 -m trtllm_gateway serve --model "$HERE/$MODEL" \
     --load-format dummy --max-model-len 2304 --max-num-tokens 8192 --max-batch-size 256 \
     --tokenizer "$HERE/$TOK" --port $PORT "${servers[@]}" $extra \
-    --log-level warning) > "$OUT/ab/server_$name.log" 2>&1 &
+    --log-level info) > "$OUT/ab/server_$name.log" 2>&1 &
   local server=$!
   python3 -c "from bench.serve import wait_ready; wait_ready('$URL', 300)" || {
     echo "{\"run\": \"$name\", \"error\": \"no start\"}"; kill $server; wait $server; return; }
@@ -78,10 +79,13 @@ from bench.proc_sample import summary
 name, tree, d = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 r = json.loads((d / f"serve_{name}.json").read_text())
 s = summary(d / f"samples_{name}.jsonl")
+log = (d / f"server_{name}.log").read_text(errors="replace").splitlines()
+clock = [line.split("thread: ", 1)[-1] for line in log if " steps (" in line]
 print(json.dumps({"run": name, "tree": tree, "output_tok_s": round(r["output_throughput"]),
                   "ok": r["completed"], "failed": r["failed"],
                   "core_main_pct": s.get("core_main"), "core_cpu_pct": s.get("core_cpu"),
-                  "api_main_pct": s.get("api_main")}))
+                  "api_main_pct": s.get("api_main"),
+                  "step_clock": clock[-1] if clock else None}))
 EOF
 }
 

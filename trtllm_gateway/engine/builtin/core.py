@@ -142,6 +142,9 @@ class EngineCore:
             self._k.renew(msg.request_id, time.perf_counter())
         elif isinstance(msg, Stop):
             self.stopping = True
+            clock = st.pipeline.clock
+            if clock.timed:
+                logger.info("%s", clock.summary())
             self._pending += self._k.close()
             self._pending += st.abort_all()
             for request_id in list(self._encoding):

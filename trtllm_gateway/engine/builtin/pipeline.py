@@ -32,6 +32,7 @@ from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler, row_fa
 from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, Scheduler
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
+from trtllm_gateway.engine.builtin.step_clock import StepClock
 from trtllm_gateway.engine.builtin.step_failure import is_fatal, step_failed
 
 FINISHED = Status.FINISHED
@@ -75,6 +76,7 @@ class StepPipeline:
         self.depth = depth
         self.inflight: _Launched | None = None
         self.tables = DecodeTables()  # the decode rows' block tables, kept across steps
+        self.clock = StepClock()  # where the steps go, logged when the core stops
 
     def forget(self, seq: Sequence) -> None:
         """An aborted sequence: drop its unresolved placeholder so its usage counts stay right."""
@@ -82,20 +84,32 @@ class StepPipeline:
             seq.token_ids.pop()
 
     def step(self) -> Emitted:
+        clock = self.clock
+        clock.start()
+        try:
+            return self._step(clock)
+        finally:
+            clock.end()
+
+    def _step(self, clock: StepClock) -> Emitted:
         events: Emitted = []
         if self.inflight is not None and self.inflight.reads_history:
             events += self._resolve()
+            clock.lap("resolve")
         chunks = self.scheduler.schedule()
+        clock.lap("schedule")
         if not chunks:
             return events + self._resolve()
         try:
-            launched = self._launch(chunks)
+            launched = self._launch(chunks, clock)
         except Exception as e:  # this step's requests fail, not the engine (step_failure.py)
             if is_fatal(e):
                 raise
             return events + self._fail(chunks, e)
         events += self._resolve()  # depth 1: the step before, while the device runs this one
+        clock.lap("resolve")
         self.scheduler.commit([c for c in chunks if c.seq.status is not FINISHED])
+        clock.lap("commit")
         if launched is not None:
             for row, seq in enumerate(launched.seqs):
                 if seq.status is not FINISHED:
@@ -105,16 +119,20 @@ class StepPipeline:
                 events += self._resolve()
         return events
 
-    def _launch(self, chunks: list[ScheduledChunk]) -> _Launched | None:
+    def _launch(self, chunks: list[ScheduledChunk], clock: StepClock) -> _Launched | None:
         """Pack, forward, sample; None when no chunk of the step samples."""
         batch = StepBatch.build(chunks, self.scheduler.blocks.block_size, self.tables)
+        clock.lap("build")
         prev = self.inflight.pending.token_ids if self.inflight is not None else None
         logits = self.backend.forward(batch, prev)
+        clock.lap("forward")
         if not batch.sample_seqs:
             return None
         seqs = list(batch.sample_seqs)
         history = any(_reads_history(s) for s in seqs if not s.plain)
-        return _Launched(seqs, self.sampler.sample(logits, seqs), history)
+        launched = _Launched(seqs, self.sampler.sample(logits, seqs), history)
+        clock.lap("sample")
+        return launched
 
     def _fail(self, chunks: list[ScheduledChunk], exc: Exception) -> Emitted:
         """The step in flight is good: resolve it; then fail the requests of the one that

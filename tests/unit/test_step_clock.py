@@ -1,0 +1,44 @@
+"""StepClock: a timed step's stages in wall and thread CPU time, every `every`-th step, and the
+loop's time between steps; a stage that sleeps shows wall time without CPU time."""
+
+from __future__ import annotations
+
+import time
+
+from trtllm_gateway.engine.builtin.step_clock import StepClock
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_timed_steps_split_wall_and_cpu_time() -> None:
+    clock = StepClock(every=2)
+    for _ in range(6):
+        clock.start()
+        _spin(0.002)
+        clock.lap("work")
+        time.sleep(0.004)
+        clock.lap("wait")
+        clock.end()
+        time.sleep(0.003)  # the loop between steps: a message wait
+    assert clock.steps == 6 and clock.timed == 3
+    assert clock.wall.keys() == {"work", "wait", "between"}
+    n = clock.timed
+    assert clock.wall["work"] / n >= 0.002 and clock.cpu["work"] / n >= 0.0015
+    assert clock.wall["wait"] / n >= 0.004 and clock.cpu["wait"] / n < 0.002
+    # between: from the end of each untimed step to the start of the timed one after it
+    assert clock.wall["between"] / n >= 0.003 and clock.cpu["between"] / n < 0.002
+    text = clock.summary()
+    assert text.startswith("6 steps (3 timed)") and "work " in text and "between " in text
+
+
+def test_untimed_steps_record_nothing() -> None:
+    clock = StepClock(every=8)
+    for _ in range(7):
+        clock.start()
+        clock.lap("work")
+        clock.end()
+    assert clock.timed == 0 and clock.wall == {} and clock.cpu == {}

@@ -1,0 +1,70 @@
+"""StepClock: where a serving core's steps go, stage by stage, in wall time and in the thread's
+CPU time; logged when the core stops (issue 39, item 2).
+
+py-spy of a serving core (135M at 256 running, H200 hosts, 2026-11-28) found every stage of the
+step 2-6x slower than the same code timed alone (bench.host_step, micro-benchmarks). A stage's
+wall time far above its CPU time says the thread waited (for the GIL, or the OS's scheduler);
+the two close together say the code itself ran slowly (cold caches, a low clock). `between` is
+the loop's work from the end of one step to the start of the next: the batch for the API
+servers, their messages, admissions. Every EVERY-th step is timed (thread_time is a system
+call), so the clock costs well under a microsecond a step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+EVERY = 8
+
+
+@dataclass(slots=True)
+class StepClock:
+    every: int = EVERY
+    steps: int = 0
+    timed: int = 0
+    wall: dict[str, float] = field(default_factory=dict)  # seconds by stage, timed steps
+    cpu: dict[str, float] = field(default_factory=dict)
+    on: bool = False  # this step is timed
+    _at: tuple[float, float] = (0.0, 0.0)  # the last lap's (wall, cpu)
+    _ended: tuple[float, float] | None = None  # when the step before ended (a timed one's)
+
+    def start(self) -> None:
+        """A step begins; if it is timed, `between` gets the time since the step before ended."""
+        self.steps += 1
+        self.on = self.steps % self.every == 0
+        if not self.on:
+            return
+        self.timed += 1
+        self._at = _now()
+        if self._ended is not None:
+            self._add("between", self._ended, self._at)
+
+    def lap(self, stage: str) -> None:
+        """The stage since the last lap (or the start) ends now; only on a timed step."""
+        if self.on:
+            start, self._at = self._at, _now()
+            self._add(stage, start, self._at)
+
+    def end(self) -> None:
+        """The step ends; if the next one is timed, its `between` starts here."""
+        self.on = False
+        self._ended = _now() if (self.steps + 1) % self.every == 0 else None
+
+    def _add(self, stage: str, start: tuple[float, float], end: tuple[float, float]) -> None:
+        self.wall[stage] = self.wall.get(stage, 0.0) + end[0] - start[0]
+        self.cpu[stage] = self.cpu.get(stage, 0.0) + end[1] - start[1]
+
+    def summary(self) -> str:
+        n = max(self.timed, 1)
+        stages = ", ".join(
+            f"{k} {self.wall[k] / n * 1e3:.3f}/{self.cpu[k] / n * 1e3:.3f}" for k in self.wall
+        )
+        return (
+            f"{self.steps} steps ({self.timed} timed), ms a step, wall/CPU of the core's "
+            f"thread: {stages}"
+        )
+
+
+def _now() -> tuple[float, float]:
+    return time.perf_counter(), time.thread_time()
