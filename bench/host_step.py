@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +110,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     clock.wrap(core, "batch", "batch")
     clock.wrap(StepBatch, "build", "build")  # a classmethod: called on the class, bound
     counts: dict[str, int] = {}
-    step: Callable[[], int] = lambda: one_iteration(core, counts)  # noqa: E731
-    if args.churn:
-        step = _churn(core, args, counts)
-        while core._st.scheduler.waiting:  # the first prompts' prefills
-            step()
+    step = _churn(core, args, counts) if args.churn else partial(one_iteration, core, counts)
+    while args.churn and core._st.scheduler.waiting:  # the first prompts' prefills
+        step()
     while len(counts) < args.running or min(counts.values()) < args.warm_tokens:
         step()
     windows = []

@@ -89,8 +89,9 @@ class EngineCore:
         self._guided = GuidedWorker(parts.guided, timeout, self._wakeup.set)
         self.info = parts.info
         self._kv = KvHandoffs(lm, parts.stepper, self.config.engine, self._wakeup.set)
-        arena = self._kv.worker.host_arena() if self.info.mode == "prefill" else None
+        arena = None
         if self.info.mode == "prefill":
+            arena = self._kv.worker.host_arena()
             self._kv.worker.share_pool()
         self.info = replace(
             self.info,

@@ -67,15 +67,14 @@ class HandoffClock:
     # us of wall time in a serving core for a loop a micro-benchmark times at 12-53 us.
     cpu_by_call: dict[str, float] = field(default_factory=dict)
 
-    def since(self, t0: float, call: str, c0: float | None = None) -> None:
+    def since(self, t0: float, call: str, c0: float) -> None:
         spent = time.perf_counter() - t0
         self.seconds += spent
         self.by_call[call] = self.by_call.get(call, 0.0) + spent
         if spent > self.longest.get(call, 0.0):
             self.longest[call] = spent
-        if c0 is not None:
-            cpu = time.thread_time() - c0
-            self.cpu_by_call[call] = self.cpu_by_call.get(call, 0.0) + cpu
+        cpu = time.thread_time() - c0
+        self.cpu_by_call[call] = self.cpu_by_call.get(call, 0.0) + cpu
 
     def timed(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         t0, c0 = time.perf_counter(), time.thread_time()

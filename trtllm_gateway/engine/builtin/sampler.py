@@ -253,18 +253,23 @@ def _draw_on_device(
 
     n = len(seqs)
     drawn = [i for i, seq in enumerate(seqs) if not seq.greedy and i not in failed]
-    if not drawn:
+    if drawn:
+        dev = ring.upload(_packed_inputs(logits, seqs, drawn), torch.uint8)
+    else:
         dev = zeros(12 * n, logits.device)
-        return sample(
-            logits, dev[8 * n : 12 * n].view(torch.float32), dev[: 8 * n].view(torch.int64)
-        )
-    # Keys and temperatures in one buffer, one upload: keys [0, 8n) bytes, temperatures after.
+    return sample(logits, dev[8 * n : 12 * n].view(torch.float32), dev[: 8 * n].view(torch.int64))
+
+
+def _packed_inputs(logits: torch.Tensor, seqs: list[Sequence], drawn: list[int]) -> np.ndarray:
+    """The sampled rows' keys and temperatures in one buffer, for one upload: keys [0, 8n)
+    bytes, temperatures after; a greedy row's are zeros (its key is never read). A row with
+    top-k / top-p / min-p has its logits filtered here and samples at temperature 1."""
+    n = len(seqs)
     packed = np.zeros(12 * n, dtype=np.uint8)
-    keys = packed[: 8 * n].view(np.int64)  # a greedy row's key is never read
+    keys = packed[: 8 * n].view(np.int64)
     temps = packed[8 * n :].view(np.float32)
     for i in drawn:
-        seq = seqs[i]
-        sp = seq.sampling
+        sp = seqs[i].sampling
         temps[i] = sp.temperature
         if sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0:
             logits[i] = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
@@ -274,8 +279,7 @@ def _draw_on_device(
         (len(seqs[i].token_ids) - seqs[i].prompt_len for i in drawn), np.uint64, len(drawn)
     )
     keys[drawn] = row_keys(seeds, steps)
-    dev = ring.upload(packed, torch.uint8)
-    return sample(logits, dev[8 * n :].view(torch.float32), dev[: 8 * n].view(torch.int64))
+    return packed
 
 
 def _draw_on_host(
