@@ -15,6 +15,8 @@
 # processes, default 8) on cores of its own, so neither takes the other's. SERVER_CPUS=half: the
 # first half of the physical cores with their hyperthreads, the load generator the rest
 # (bench/cpu_split.py; on a host whose CPU i and i + 16 are siblings, 0-15 / 16-31 is not a split). NEW_ARGS / BASE_ARGS:
+# CORE_CPUS=own: the engine core pinned to the first physical core (with its hyperthreads), every
+# other server process and the load generator to the rest, once it serves.
 # serve flags for one side only (BASE=. with NEW_ARGS="--kv-cache-dtype fp8": a flag's A/B).
 set -u
 BASE=${BASE:-.basetree}
@@ -30,6 +32,10 @@ PORT=8124
 URL=http://127.0.0.1:$PORT
 HERE=$(pwd)
 mkdir -p "$OUT/ab"
+if [[ "${CORE_CPUS:-}" == own ]]; then  # the engine core on a physical core of its own
+  read -r CORE_CPUS CLIENT_CPUS < <(python3 -m bench.cpu_split --core)
+  echo "engine core on CPUs $CORE_CPUS, the rest (API servers, load generator) on $CLIENT_CPUS" >&2
+fi
 if [[ "${SERVER_CPUS:-}" == half ]]; then
   read -r SERVER_CPUS CLIENT_CPUS < <(python3 -m bench.cpu_split)
   echo "server on CPUs $SERVER_CPUS, load generator on $CLIENT_CPUS" >&2
@@ -53,6 +59,16 @@ one() {  # one TREE NAME COUNT [FLAGS]: serve from TREE, load it from this tree,
     --input-len "$LEN" --output-len "$LEN" --max-concurrency 256 --workers "${WORKERS:-8}" > "$OUT/ab/serve_$name.json" \
     2> "$OUT/ab/serve_$name.err" &
   local client=$!
+  if [[ -n "${CORE_CPUS:-}" ]]; then  # every server process but the core off the core's CPUs
+    local pid
+    for pid in $server $(pgrep -P $server); do
+      if pgrep -f trtllm_gateway.engine.transport.process | grep -qx "$pid"; then
+        taskset -a -p -c "$CORE_CPUS" "$pid" > /dev/null
+      else
+        taskset -a -p -c "$CLIENT_CPUS" "$pid" > /dev/null
+      fi
+    done
+  fi
   python3 -m bench.proc_sample --pid $server --client-pid $client --metrics-url $URL/metrics \
     > "$OUT/ab/samples_$name.jsonl" 2>/dev/null &
   local sampler=$!

@@ -4,7 +4,8 @@
 and their hyperthread siblings are not the load generator's; on many hosts CPU i and i + 16 are
 siblings, and a busy load generator on 16-31 halves the speed of every server thread. This
 prints two taskset lists: the first half of the physical cores with all their threads, then the
-rest (`python -m bench.cpu_split` -> "0-7,16-23 8-15,24-31").
+rest (`python -m bench.cpu_split` -> "0-7,16-23 8-15,24-31"). `--core`: the first physical
+core with its threads, then every other CPU (`0,16 1-15,17-31`): an engine core of its own.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def split(cores: list[list[int]]) -> tuple[str, str]:
     return ranges(first), ranges(rest)
 
 
+def own_core(cores: list[list[int]]) -> tuple[str, str]:
+    return ranges(cores[0]), ranges([cpu for core in cores[1:] for cpu in core])
+
+
 if __name__ == "__main__":
+    import sys
+
     cores = physical_cores()
-    print(*split(cores))
+    print(*(own_core(cores) if "--core" in sys.argv else split(cores)))

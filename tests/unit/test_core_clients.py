@@ -70,6 +70,14 @@ async def test_each_client_gets_its_own_requests_even_with_the_same_id(
     assert got == [[101, 102, 103], [101, 102, 103, 104, 105], [101, 102]]
     # Inside the core the ids are qualified by the client's index: unique across servers.
     assert sorted(add.request_id for add in shared.core.added) == ["0/same", "0/x", "1/same"]
+    # Every server gets the same batch (pipes.ManyPipes): an error under one server's id
+    # reaches that server only, and the other's request of the same id goes on.
+    open_b = b.generate(req("dup", max_tokens=5))
+    assert (await open_b.__anext__()).token_ids == (101,)
+    too_long = req("dup", max_tokens=60, prompt=tuple(range(10)))
+    with pytest.raises(InvalidRequestError):
+        await drain(a.generate(too_long))
+    assert [t for ev in await drain(open_b) for t in ev.token_ids] == [102, 103, 104, 105]
     assert a.cached_prefix_tokens(tuple(range(10))) == 5
     assert b.cached_prefix_tokens(tuple(range(4))) == 2
     # Both see the one core's health (the running batch is the core's, not per client).

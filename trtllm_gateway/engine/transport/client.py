@@ -81,6 +81,9 @@ class CoreClient:
         self._detail = ""
         self._health = EngineHealth(state="loading")
         self._queues: dict[str, asyncio.Queue[_Item]] = {}
+        # Before each of this client's request ids in a batch: "" when the core is its own,
+        # "<i>/" when API servers share it and every batch carries every server's events.
+        self._id_prefix = ""
         # Requests closed before their last event (a client gone): the core's last word on each
         # (its final event or error) is still to come, and who waits for it (when_settled).
         self._abandoned: dict[str, list[Callable[[], None]]] = {}
@@ -134,6 +137,7 @@ class CoreClient:
         self._detail = ""
         self.tokenizer_dir = first.tokenizer_dir or None
         self._health = first.health
+        self._id_prefix = first.id_prefix
         self.kv_event_log.num_blocks = first.kv_blocks
         if first.remote_encode:
             self.remote_encode_outcomes = Counter()
@@ -325,14 +329,23 @@ class CoreClient:
                             for k, v in msg.remote_encode.items()
                         }
                     )
-                queues = self._queues
+                queues, prefix = self._queues, self._id_prefix
+                cut = len(prefix)
                 for request_id, ev in msg.events:
+                    if cut:
+                        if not request_id.startswith(prefix):
+                            continue  # another API server's
+                        request_id = request_id[cut:]
                     q = queues.get(request_id)
                     if q is not None:
                         q.put_nowait(ev)
                     elif ev.finish_reason is not None and request_id in self._abandoned:
                         self._settled(request_id)
                 for request_id, err in msg.errors:
+                    if cut:
+                        if not request_id.startswith(prefix):
+                            continue
+                        request_id = request_id[cut:]
                     q = queues.get(request_id)
                     if q is not None:
                         q.put_nowait(err.exception())

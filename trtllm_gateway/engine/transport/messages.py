@@ -140,6 +140,9 @@ class Ready(msgspec.Struct, frozen=True, tag="ready"):
     health: EngineHealth
     kv_blocks: int = 0  # the KV event log's num_blocks
     remote_encode: bool = False  # images go to an encode sibling (--encode-url)
+    # What the core puts before this client's request ids in every batch (pipes.ManyPipes
+    # sends every API server the same batch: each keeps the events under its own prefix).
+    id_prefix: str = ""
 
 
 class OutputBatch(msgspec.Struct, frozen=True, tag="batch"):
