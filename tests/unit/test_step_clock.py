@@ -16,10 +16,12 @@ def _spin(seconds: float) -> None:
 
 def test_timed_steps_split_wall_and_cpu_time() -> None:
     clock = StepClock(every=2)
-    for _ in range(6):
+    for i in range(6):
         clock.start()
         _spin(0.002)
         clock.lap("work")
+        if i == 3:
+            clock.kind = "decode"
         time.sleep(0.004)
         clock.lap("wait")
         clock.end()
@@ -33,6 +35,11 @@ def test_timed_steps_split_wall_and_cpu_time() -> None:
     assert clock.wall["between"] / n >= 0.003 and clock.cpu["between"] / n < 0.002
     text = clock.summary()
     assert text.startswith("6 steps (3 timed)") and "work " in text and "between " in text
+    # by kind: steps 2 and 6 (1-based) are mixed, step 4 decode; only timed steps count
+    assert {k: v[0] for k, v in clock.kinds.items()} == {"mixed": 2, "decode": 1}
+    assert clock.kinds["decode"][1].keys() == {"work", "wait", "between"}
+    assert clock.kinds["decode"][1]["wait"] >= 0.004
+    assert "decode steps (1 timed): " in text and "mixed steps (2 timed): " in text
 
 
 def test_untimed_steps_record_nothing() -> None:
@@ -41,4 +48,4 @@ def test_untimed_steps_record_nothing() -> None:
         clock.start()
         clock.lap("work")
         clock.end()
-    assert clock.timed == 0 and clock.wall == {} and clock.cpu == {}
+    assert clock.timed == 0 and clock.wall == {} and clock.cpu == {} and clock.kinds == {}

@@ -7,7 +7,10 @@ wall time far above its CPU time says the thread waited (for the GIL, or the OS'
 the two close together say the code itself ran slowly (cold caches, a low clock). `between` is
 the loop's work from the end of one step to the start of the next: the batch for the API
 servers, their messages, admissions. Every EVERY-th step is timed (thread_time is a system
-call), so the clock costs well under a microsecond a step.
+call), so the clock costs well under a microsecond a step. A step's `kind` (the pipeline's:
+"decode" for a step of decodes only, which replays a CUDA graph, "mixed" for one with a prompt
+chunk) splits the sums too: a few long mixed steps would otherwise hide what the common step
+costs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ class StepClock:
     wall: dict[str, float] = field(default_factory=dict)  # seconds by stage, timed steps
     cpu: dict[str, float] = field(default_factory=dict)
     on: bool = False  # this step is timed
+    kind: str = "mixed"  # this step's kind, set by the pipeline once it is known
+    # By kind: timed steps, and seconds by stage (wall, CPU).
+    kinds: dict[str, tuple[int, dict[str, float], dict[str, float]]] = field(default_factory=dict)
+    _laps: list[tuple[str, float, float]] = field(default_factory=list)  # this step's
     _at: tuple[float, float] = (0.0, 0.0)  # the last lap's (wall, cpu)
     _ended: tuple[float, float] | None = None  # when the step before ended (a timed one's)
 
@@ -33,6 +40,7 @@ class StepClock:
         """A step begins; if it is timed, `between` gets the time since the step before ended."""
         self.steps += 1
         self.on = self.steps % self.every == 0
+        self.kind = "mixed"
         if not self.on:
             return
         self.timed += 1
@@ -48,22 +56,36 @@ class StepClock:
 
     def end(self) -> None:
         """The step ends; if the next one is timed, its `between` starts here."""
+        if self.on:
+            n, wall, cpu = self.kinds.get(self.kind) or (0, {}, {})
+            for stage, w, c in self._laps:
+                wall[stage] = wall.get(stage, 0.0) + w
+                cpu[stage] = cpu.get(stage, 0.0) + c
+            self.kinds[self.kind] = (n + 1, wall, cpu)
+            self._laps.clear()
         self.on = False
         self._ended = _now() if (self.steps + 1) % self.every == 0 else None
 
     def _add(self, stage: str, start: tuple[float, float], end: tuple[float, float]) -> None:
-        self.wall[stage] = self.wall.get(stage, 0.0) + end[0] - start[0]
-        self.cpu[stage] = self.cpu.get(stage, 0.0) + end[1] - start[1]
+        wall, cpu = end[0] - start[0], end[1] - start[1]
+        self.wall[stage] = self.wall.get(stage, 0.0) + wall
+        self.cpu[stage] = self.cpu.get(stage, 0.0) + cpu
+        self._laps.append((stage, wall, cpu))
 
     def summary(self) -> str:
-        n = max(self.timed, 1)
-        stages = ", ".join(
-            f"{k} {self.wall[k] / n * 1e3:.3f}/{self.cpu[k] / n * 1e3:.3f}" for k in self.wall
+        by_kind = "; ".join(
+            f"{kind} steps ({n} timed): {_stages(n, wall, cpu)}"
+            for kind, (n, wall, cpu) in sorted(self.kinds.items())
         )
         return (
             f"{self.steps} steps ({self.timed} timed), ms a step, wall/CPU of the core's "
-            f"thread: {stages}"
+            f"thread: {_stages(self.timed, self.wall, self.cpu)}; {by_kind}"
         )
+
+
+def _stages(n: int, wall: dict[str, float], cpu: dict[str, float]) -> str:
+    n = max(n, 1)
+    return ", ".join(f"{k} {wall[k] / n * 1e3:.3f}/{cpu[k] / n * 1e3:.3f}" for k in wall)
 
 
 def _now() -> tuple[float, float]:
