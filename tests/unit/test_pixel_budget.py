@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import random
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ from trtllm_gateway.multimodal import (
     create_pixel_budget,
     load_chat_images,
 )
+from trtllm_gateway.web.shared_counts import SharedCounts
 
 
 async def test_grants_in_order_and_release_wakes_the_next() -> None:
@@ -204,3 +206,27 @@ async def test_a_thin_image_reserves_the_pixels_it_will_be_resized_to() -> None:
     assert info.value.code == "image_aspect_ratio"
     assert info.value.param == "messages[0].content[0].image_url"
     assert budget.in_flight == 0
+
+
+async def test_api_servers_share_one_budget(tmp_path: Path) -> None:
+    """--api-server-count N: two budgets on one counts file stand for two API servers (each
+    maps the file and locks it on its own descriptor): together they hold at most the budget,
+    room one gives back reaches the other's waiter, and every gauge is both servers'."""
+    path = str(tmp_path / "counts")
+    SharedCounts.create(path, servers=2)
+    one, two = PixelBudget(100, SharedCounts(path)), PixelBudget(100, SharedCounts(path))
+    held = one.lease()
+    await held.acquire(80, 1.0)
+    waiting = asyncio.create_task(two.lease().acquire(50, 5.0))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # 80 + 50 > 100 across the two servers
+    for budget in (one, two):
+        assert (budget.in_flight, budget.peak, budget.waiting) == (80, 80, 1)
+    held.release()  # in the other server: nothing wakes `two` but its own look
+    await asyncio.wait_for(waiting, 1.0)
+    for budget in (one, two):
+        assert (budget.in_flight, budget.peak, budget.waiting) == (50, 80, 0)
+    late = one.lease()
+    with pytest.raises(MediaBusyError):
+        await late.acquire(60, 0.1)  # 50 + 60 > 100: a 503 after its wait, nothing leaked
+    assert (one.in_flight, one.waiting) == (50, 0)

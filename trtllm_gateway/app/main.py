@@ -59,7 +59,7 @@ def create_app(
     metrics = GatewayMetrics(
         CollectorRegistry(), admission, server.metrics_prefix, multiprocess_dir
     )
-    metrics.pixels = create_pixel_budget(config.media)
+    metrics.pixels = create_pixel_budget(config.media, shared)
     drain = Drain(admission, server.shutdown_timeout)
     endpoint = server.otlp_traces_endpoint
     tracer = Tracer(endpoint) if endpoint else None

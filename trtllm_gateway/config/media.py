@@ -34,9 +34,9 @@ class MediaConfig(BaseModel):
     max_image_pixels_in_flight: int | None = Field(
         None,
         ge=0,
-        description="Decoded image pixels all requests may hold at once; a request waits up to "
-        "--media-fetch-timeout for room (then 503), more than all of it is a 400 (unset: 2 x "
-        "--max-image-pixels; 0: no bound).",
+        description="Decoded image pixels all requests may hold at once (every API server's "
+        "together); a request waits up to --media-fetch-timeout for room (then 503), more "
+        "than all of it is a 400 (unset: 2 x --max-image-pixels; 0: no bound).",
     )
     max_image_aspect_ratio: float = Field(
         200.0,

@@ -8,6 +8,12 @@ once, so that two requests can never each hold part of what they need and wait o
 
 Waiters are served first come, first served: a large request is not starved by a stream of
 small ones. Event-loop only: acquire and release never cross threads.
+
+With --api-server-count N the budget is every server's (SharedPixels: the supervisor's shared
+counts file), so N servers do not hold N budgets' pixels. Each server keeps its own waiters in
+order; room that another server gives back is not announced, so while a server has waiters it
+looks again every POLL_S. Across servers the order is not kept: a waiter in one server can be
+passed by requests that fit in another, and then ends in its 503 after its wait.
 """
 
 from __future__ import annotations
@@ -15,15 +21,28 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from trtllm_gateway.config.media import MediaConfig
 from trtllm_gateway.multimodal.errors import MediaBusyError, MediaRejectedError
 
+POLL_S = 0.02  # a shared budget's waiters look for room given back by other servers
 
-def create_pixel_budget(config: MediaConfig) -> PixelBudget:
+
+class SharedPixels(Protocol):
+    """The pixels every API server holds (web/shared_counts.py: SharedCounts), each call
+    atomic across the processes."""
+
+    def take_pixels(self, pixels: int, capacity: int) -> bool: ...
+    def give_pixels(self, pixels: int) -> None: ...
+    def pixel_waiters(self, delta: int) -> None: ...
+    def pixel_counts(self) -> tuple[int, int, int]: ...
+
+
+def create_pixel_budget(config: MediaConfig, shared: SharedPixels | None = None) -> PixelBudget:
     """--max-image-pixels-in-flight, unset: room for two of the largest images at once."""
     capacity = config.max_image_pixels_in_flight
-    return PixelBudget(2 * config.max_image_pixels if capacity is None else capacity)
+    return PixelBudget(2 * config.max_image_pixels if capacity is None else capacity, shared)
 
 
 @dataclass(slots=True)
@@ -37,17 +56,28 @@ class _Waiter:
 class PixelBudget:
     """At most `capacity` decoded pixels held by requests at once; 0 turns the bound off."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, shared: SharedPixels | None = None) -> None:
         if capacity < 0:
             raise ValueError("capacity must be >= 0")
         self.capacity = capacity
-        self.in_flight = 0
-        self.peak = 0  # the most ever held at once (tests and /metrics read it)
+        self._shared = shared
+        self._in_flight = 0
+        self._peak = 0
         self._waiters: deque[_Waiter] = deque()
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight if self._shared is None else self._shared.pixel_counts()[0]
+
+    @property
+    def peak(self) -> int:
+        """The most ever held at once (tests and /metrics read it)."""
+        return self._peak if self._shared is None else self._shared.pixel_counts()[1]
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return len(self._waiters) if self._shared is None else self._shared.pixel_counts()[2]
 
     def lease(self) -> PixelLease:
         return PixelLease(self)
@@ -59,11 +89,10 @@ class PixelBudget:
                 f"once ({self.capacity}, --max-image-pixels-in-flight)",
                 code="image_too_large",
             )
-        if not self._waiters and self._fits(pixels):
-            self._take(pixels)
+        if not self._waiters and self._take(pixels):
             return
         waiter = _Waiter(pixels)
-        self._waiters.append(waiter)
+        self._enqueue(waiter)
         try:
             async with asyncio.timeout(wait_s):
                 await waiter.granted
@@ -74,6 +103,7 @@ class PixelBudget:
                 waiter.granted.cancel()
                 if waiter in self._waiters:  # _wake drops a cancelled one it meets first
                     self._waiters.remove(waiter)
+                    self._left(1)
                 self._wake()  # the head may have blocked smaller requests behind it
             if isinstance(exc, TimeoutError):
                 raise MediaBusyError(
@@ -81,27 +111,53 @@ class PixelBudget:
                 ) from None
             raise
 
-    def _fits(self, pixels: int) -> bool:
-        return not self.capacity or self.in_flight + pixels <= self.capacity
-
-    def _take(self, pixels: int) -> None:
-        self.in_flight += pixels
-        self.peak = max(self.peak, self.in_flight)
+    def _take(self, pixels: int) -> bool:
+        """Hold pixels more if they fit."""
+        if self._shared is not None:
+            return self._shared.take_pixels(pixels, self.capacity)
+        if self.capacity and self._in_flight + pixels > self.capacity:
+            return False
+        self._in_flight += pixels
+        self._peak = max(self._peak, self._in_flight)
+        return True
 
     def _give(self, pixels: int) -> None:
-        self.in_flight -= pixels
+        if self._shared is not None:
+            self._shared.give_pixels(pixels)
+        else:
+            self._in_flight -= pixels
         self._wake()
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        self._waiters.append(waiter)
+        if self._shared is not None:
+            self._shared.pixel_waiters(1)
+            if self._poller is None or self._poller.done():
+                self._poller = asyncio.create_task(self._poll())
+
+    def _left(self, n: int) -> None:
+        """n waiters left the queue (granted, or gone)."""
+        if self._shared is not None:
+            self._shared.pixel_waiters(-n)
+
+    async def _poll(self) -> None:
+        """Room given back by another server wakes nobody here: look for it while anyone
+        waits."""
+        while self._waiters:
+            await asyncio.sleep(POLL_S)
+            self._wake()
 
     def _wake(self) -> None:
         while self._waiters:
             head = self._waiters[0]
             if head.granted.done():  # cancelled: its task has not run its cleanup yet
                 self._waiters.popleft()
+                self._left(1)
                 continue
-            if not self._fits(head.pixels):
+            if not self._take(head.pixels):
                 return
             self._waiters.popleft()
-            self._take(head.pixels)
+            self._left(1)
             head.granted.set_result(None)
 
 

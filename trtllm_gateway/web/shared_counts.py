@@ -21,7 +21,17 @@ import os
 import struct
 from collections.abc import Iterator
 
-_FIELDS = ("in_flight", "queue_full", "draining", "servers", "servers_ready")
+_FIELDS = (
+    "in_flight",
+    "queue_full",
+    "draining",
+    "servers",
+    "servers_ready",
+    # The decoded-pixel budget (multimodal/pixel_budget.py: SharedPixels), every server's.
+    "pixels",
+    "pixels_peak",
+    "pixels_waiting",
+)
 _LAYOUT = struct.Struct(f"<{len(_FIELDS)}q")
 
 
@@ -35,7 +45,7 @@ class SharedCounts:
     def create(path: str, servers: int = 1) -> None:
         """The file, made once by the supervisor before any server starts."""
         with open(path, "wb") as f:
-            f.write(_LAYOUT.pack(0, 0, 0, servers, 0))
+            f.write(_LAYOUT.pack(0, 0, 0, servers, 0, 0, 0, 0))
 
     def try_reserve(self, weight: int, capacity: int | None) -> bool:
         """Add weight to in_flight unless that passes capacity while others are in flight
@@ -71,8 +81,31 @@ class SharedCounts:
         return int(_LAYOUT.unpack_from(self._map)[0])
 
     def rejected(self) -> dict[str, int]:
-        _, queue_full, draining, _, _ = _LAYOUT.unpack_from(self._map)
-        return {"queue_full": queue_full, "draining": draining}
+        counts = _LAYOUT.unpack_from(self._map)
+        return {"queue_full": counts[1], "draining": counts[2]}
+
+    # --- the decoded-pixel budget (SharedPixels) ------------------------------------------
+    def take_pixels(self, pixels: int, capacity: int) -> bool:
+        """Add pixels to those held unless that passes capacity (0: no bound)."""
+        with self._locked() as counts:
+            if capacity and counts[5] + pixels > capacity:
+                return False
+            counts[5] += pixels
+            counts[6] = max(counts[6], counts[5])
+            return True
+
+    def give_pixels(self, pixels: int) -> None:
+        with self._locked() as counts:
+            counts[5] = max(0, counts[5] - pixels)
+
+    def pixel_waiters(self, delta: int) -> None:
+        with self._locked() as counts:
+            counts[7] = max(0, counts[7] + delta)
+
+    def pixel_counts(self) -> tuple[int, int, int]:
+        """(pixels held, the most held at once, requests waiting), every server's."""
+        counts = _LAYOUT.unpack_from(self._map)
+        return int(counts[5]), int(counts[6]), int(counts[7])
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[list[int]]:
