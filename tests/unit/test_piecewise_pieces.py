@@ -17,7 +17,11 @@ import torch.nn.functional as F
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata, KernelPrefill
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
-from trtllm_gateway.engine.builtin.piecewise_graph import PiecewiseGraphs, piece_sizes
+from trtllm_gateway.engine.builtin.piecewise_graph import (
+    PiecewiseGraphs,
+    largest_bucket,
+    piece_sizes,
+)
 
 PAGE = 4
 CFG = {
@@ -41,7 +45,27 @@ def test_buckets() -> None:
     assert piece_sizes(2048) == [32, 64, *range(128, 2049, 128)]
     assert piece_sizes(100) == [32, 64, 128]
     assert piece_sizes(64) == [32, 64] and piece_sizes(20) == [32]
-    assert piece_sizes(8192)[-1] == 2048  # past it a step's GPU work hides its launches
+    assert piece_sizes(8192) == [32, 64, *range(128, 2049, 128), *range(2560, 8193, 512)]
+    assert piece_sizes(3000)[-2:] == [2560, 3072]
+
+
+def _shape(hidden: int, inter: int, layers: int, heads: int, kv_heads: int) -> ModelConfig:
+    return ModelConfig(
+        "llama", 1000, hidden, inter, layers, heads, kv_heads, hidden // heads, 1e-5, 1e4
+    )
+
+
+def test_a_small_model_runs_larger_steps_from_the_pieces() -> None:
+    """An 8B step's GEMMs hide its eager launches past ~600 tokens: pieces up to 2,048 (the
+    base). 135M's never do within 8,192: pieces up to the step budget. A 1B between."""
+    llama_8b = _shape(4096, 14336, 32, 32, 8)
+    smollm2_135m = _shape(576, 1536, 30, 9, 3)
+    llama_1b = _shape(2048, 8192, 16, 32, 8)
+    assert largest_bucket(8192, llama_8b) == 2048
+    assert largest_bucket(8192, smollm2_135m) == 8192
+    assert largest_bucket(2048, smollm2_135m) == 2048  # never past the step budget
+    assert largest_bucket(1024, llama_8b) == 1024
+    assert 2048 < largest_bucket(8192, llama_1b) < 8192
 
 
 class TorchOps:

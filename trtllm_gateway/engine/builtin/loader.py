@@ -37,7 +37,7 @@ from trtllm_gateway.engine.builtin.model import (
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.pack_cache import PackCache, Packs
 from trtllm_gateway.engine.builtin.packed_linear import pack_linears
-from trtllm_gateway.engine.builtin.piecewise_graph import MAX_TOKENS as PIECES_MAX_TOKENS
+from trtllm_gateway.engine.builtin.piecewise_graph import largest_bucket
 from trtllm_gateway.engine.builtin.quant import quantize_int8
 from trtllm_gateway.engine.builtin.vision.encoder import VisionEncoder, load_encoder
 from trtllm_gateway.engine.builtin.vision.spec import is_vision_checkpoint, language_config
@@ -197,7 +197,7 @@ def _num_blocks(
         per_token = (3 * cfg.intermediate_size + 8 * cfg.hidden_size) * 4
         reserve += config.max_num_tokens * per_token
         if config.cuda_graphs:  # the piecewise graphs' pool holds its own (piecewise_graph.py)
-            reserve += min(config.max_num_tokens, PIECES_MAX_TOKENS) * per_token
+            reserve += largest_bucket(config.max_num_tokens, cfg) * per_token
         budget = int(min(free * config.kv_cache_fraction, free - reserve))
     else:
         budget = int(CPU_KV_BUDGET_BYTES * config.kv_cache_fraction)

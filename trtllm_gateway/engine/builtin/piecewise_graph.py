@@ -29,21 +29,39 @@ import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
 from trtllm_gateway.engine.builtin.model import LlamaModel
+from trtllm_gateway.engine.builtin.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
 # Up to skinny_gemm.MAX_ROWS (16) tokens the fused path runs its skinny GEMMs; that module
 # imports Triton, this one must not (tests/gpu/test_piecewise_graph.py checks the two agree).
 MIN_TOKENS = 17
-MAX_TOKENS = 2048  # past this a step's GPU work hides its launches
+BASE_TOKENS = 2048  # every model's steps up to this many tokens run from the pieces
+MAX_TOKENS = 8192  # a small model's, up to this many (largest_bucket)
+# A step whose GEMMs are this much work hides the host's launches of an eager step: at half an
+# H200's bf16 peak 8 TFLOP is ~16 ms, and an eager 30-layer step's ~300 launches took ~15.6 ms
+# of the host's time (StepClock, 135M served at 256 running, 2026-11-28). An 8B step passes it
+# at ~600 tokens, 135M's never below 8,192: there an 8,192-token step ran eagerly, 5% of the
+# steps and a third of the time.
+HIDES_LAUNCHES_FLOP = 8e12
 
 
-def piece_sizes(max_tokens: int) -> list[int]:
-    """Token-count buckets: 32, 64, 128, then every 128, up to the first that holds max_tokens
-    (at most MAX_TOKENS)."""
-    top = min(max_tokens, MAX_TOKENS)
+def largest_bucket(max_tokens: int, cfg: ModelConfig) -> int:
+    """The most tokens a step runs from the pieces: BASE_TOKENS, or for a model too small for
+    its GPU work to hide an eager step's launches up to MAX_TOKENS; at most max_tokens."""
+    h, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+    q = cfg.num_heads * cfg.head_dim
+    layer = h * q + 2 * h * kv + q * h + 3 * h * cfg.intermediate_size
+    hides = int(HIDES_LAUNCHES_FLOP / (2 * cfg.num_layers * layer))
+    return min(max_tokens, max(BASE_TOKENS, min(hides, MAX_TOKENS)))
+
+
+def piece_sizes(top: int) -> list[int]:
+    """Token-count buckets: 32, 64, 128, then every 128 to BASE_TOKENS and every 512 after it,
+    up to the first that holds top."""
     sizes: list[int] = []
-    for b in (32, 64, *range(128, MAX_TOKENS + 1, 128)):
+    steps = (*range(128, BASE_TOKENS + 1, 128), *range(BASE_TOKENS + 512, MAX_TOKENS + 1, 512))
+    for b in (32, 64, *steps):
         sizes.append(b)
         if b >= top:
             break
@@ -63,7 +81,7 @@ class PiecewiseGraphs:
         dev, dtype = weight.device, weight.dtype
         self.model = model
         self.kv_caches = kv_caches
-        self.sizes = piece_sizes(max_tokens)
+        self.sizes = piece_sizes(largest_bucket(max_tokens, cfg))
         n = self.max_tokens = self.sizes[-1]
         self.inputs = torch.zeros((3, n), dtype=torch.long, device=dev)  # ids, positions, slots
         self.inputs[2] = -1
