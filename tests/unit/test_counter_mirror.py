@@ -28,7 +28,8 @@ SERVER = textwrap.dedent(
     stats, routing = RemotePrefillStats(), KvRoutingStats()
     metrics.bind_remote_prefill(stats)
     metrics.bind_kv_routing(routing)
-    stats.siblings_healthy["http://p"] = True
+    stats.siblings_healthy["http://p"] = scrape  # the syncing server skips the sibling
+    stats.siblings_healthy["http://q"] = True
     for _ in range(remote):
         stats.record("remote")
         routing.choices["prefix"] += 1
@@ -80,8 +81,10 @@ def test_counters_sum_over_api_servers_whichever_answers(tmp_path: Path) -> None
     assert got[("trtllm_gateway:kv_transfer_bytes_total", (("model_name", "m"),))] == 8000.0
     pulls = ("trtllm_gateway:kv_transfer_seconds_count", (("model_name", "m"),))
     assert got[pulls] == 2.0  # the histogram was in the files already: one pull a server
-    # A gauge is the answering server's own view, once.
-    assert got[("trtllm_gateway:sibling_healthy", (("sibling", "http://p"),))] == 1.0
+    # A sibling's health is the lowest of the servers' views, once: the answering server's
+    # own says 1 for http://p, the other server's (in the files) 0.
+    assert got[("trtllm_gateway:sibling_healthy", (("sibling", "http://p"),))] == 0.0
+    assert got[("trtllm_gateway:sibling_healthy", (("sibling", "http://q"),))] == 1.0
 
 
 RACE = textwrap.dedent(

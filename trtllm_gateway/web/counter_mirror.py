@@ -10,6 +10,12 @@ MultiProcessCollector, at every scrape it answers and once a second (app/lifespa
 scrape-time registry keeps only their gauges (GaugesOnly). Counters whose values come from the
 one shared engine core (its health counters, remote encode outcomes) are not mirrored: every
 server holds the same totals, and a sum would count them N times.
+
+A gauge that is each server's own view (MIN_GAUGES: `sibling_healthy`, which each server learns
+from its own requests to a prefill sibling) is mirrored as a prometheus_client Gauge in
+`livemin` mode: /metrics shows the lowest of the servers' values, so a sibling any server skips
+reads 0 whichever server answers (before, a scrape showed the answering server's view, and with
+eight servers the series could flip between scrapes).
 """
 
 from __future__ import annotations
@@ -17,15 +23,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+MIN_GAUGES = frozenset({"trtllm_gateway:sibling_healthy"})
 
 
 class CounterMirror:
     def __init__(self, collectors: list[Collector]) -> None:
         self._collectors = collectors
         self._counters: dict[str, Counter] = {}
+        self._gauges: dict[str, Gauge] = {}
         self._seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         # The lifespan's sync runs on the event loop and a scrape's on a worker thread
         # (the instrumentator's /metrics handler is sync): one at a time, or a gain is added
@@ -39,6 +48,21 @@ class CounterMirror:
                 for family in collector.collect():
                     if family.type == "counter":
                         self._mirror(family)
+                    elif family.name in MIN_GAUGES:
+                        self._mirror_gauge(family)
+
+    def _mirror_gauge(self, family: Metric) -> None:
+        gauge = self._gauges.get(family.name)
+        for sample in family.samples:
+            if gauge is None:
+                gauge = self._gauges[family.name] = Gauge(
+                    family.name,
+                    family.documentation,
+                    list(sample.labels),
+                    registry=None,
+                    multiprocess_mode="livemin",
+                )
+            (gauge.labels(**sample.labels) if sample.labels else gauge).set(sample.value)
 
     def _mirror(self, family: Metric) -> None:
         for sample in family.samples:
@@ -67,7 +91,9 @@ class GaugesOnly(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self._mirror.lock:
-            families = [f for f in self._inner.collect() if f.type != "counter"]
+            families = [
+                f for f in self._inner.collect() if f.type != "counter" and f.name not in MIN_GAUGES
+            ]
         return iter(families)
 
 
