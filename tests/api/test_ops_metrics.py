@@ -4,12 +4,22 @@ RemotePrefillStats)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
+import pytest
+from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.ops_helpers import state_of
 from tests.conftest import MODEL
+from tests.fake_engine import FakeEngine
+from trtllm_gateway.app.main import create_app
+from trtllm_gateway.config.settings import Settings
 from trtllm_gateway.engine.stats import RemotePrefillStats
+from trtllm_gateway.multimodal import MediaBusyError
+from trtllm_gateway.web.shared_counts import SharedCounts
 
 LABEL = f'model_name="{MODEL}"'
 
@@ -64,3 +74,40 @@ async def test_remote_prefill(client: httpx.AsyncClient, app: FastAPI) -> None:
     text = (await client.get("/metrics")).text
     assert f"trtllm_gateway:kv_transfer_seconds_count{{{LABEL}}} 2.0" in text
     assert stats.kv_seconds == []
+
+
+def _gauge(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"{name} not in /metrics")
+
+
+async def test_api_servers_share_the_pixel_budget(
+    settings: Settings, fake_engine: FakeEngine, tmp_path: Path
+) -> None:
+    """--api-server-count 2 (two apps on one counts file, as the supervisor runs them): pixels
+    one server holds count against the other's budget and show in its gauges."""
+    counts = str(tmp_path / "admission")
+    SharedCounts.create(counts, servers=2)
+    other = FakeEngine(fake_engine.info, fake_engine.script)
+    one = create_app(settings.parts(), engine=fake_engine, shared=SharedCounts(counts))
+    two = create_app(settings.parts(), engine=other, shared=SharedCounts(counts))
+    async with LifespanManager(one), LifespanManager(two) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            budget, budget2 = state_of(one).metrics.pixels, state_of(two).metrics.pixels
+            held = budget.lease()
+            await held.acquire(budget.capacity - 1_000_000, 1.0)
+            text = (await client.get("/metrics")).text
+            in_flight = _gauge(text, "trtllm_gateway:image_pixels_in_flight")
+            assert in_flight == budget.capacity - 1_000_000
+            with pytest.raises(MediaBusyError):  # the other server's room is gone too
+                await budget2.lease().acquire(2_000_000, 0.05)
+            held.release()
+            late = budget2.lease()
+            await late.acquire(2_000_000, 1.0)
+            text = (await client.get("/metrics")).text
+            assert _gauge(text, "trtllm_gateway:image_pixels_in_flight") == 2_000_000
+            late.release()
