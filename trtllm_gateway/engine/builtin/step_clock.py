@@ -16,6 +16,7 @@ costs.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 EVERY = 8
@@ -26,8 +27,6 @@ class StepClock:
     every: int = EVERY
     steps: int = 0
     timed: int = 0
-    wall: dict[str, float] = field(default_factory=dict)  # seconds by stage, timed steps
-    cpu: dict[str, float] = field(default_factory=dict)
     on: bool = False  # this step is timed
     kind: str = "mixed"  # this step's kind, set by the pipeline once it is known
     # By kind: timed steps, and seconds by stage (wall, CPU).
@@ -67,10 +66,17 @@ class StepClock:
         self._ended = _now() if (self.steps + 1) % self.every == 0 else None
 
     def _add(self, stage: str, start: tuple[float, float], end: tuple[float, float]) -> None:
-        wall, cpu = end[0] - start[0], end[1] - start[1]
-        self.wall[stage] = self.wall.get(stage, 0.0) + wall
-        self.cpu[stage] = self.cpu.get(stage, 0.0) + cpu
-        self._laps.append((stage, wall, cpu))
+        self._laps.append((stage, end[0] - start[0], end[1] - start[1]))
+
+    @property
+    def wall(self) -> dict[str, float]:
+        """Seconds by stage over every timed step that ended, wall time."""
+        return _total(k[1] for k in self.kinds.values())
+
+    @property
+    def cpu(self) -> dict[str, float]:
+        """The same in the thread's CPU time."""
+        return _total(k[2] for k in self.kinds.values())
 
     def summary(self) -> str:
         by_kind = "; ".join(
@@ -81,6 +87,14 @@ class StepClock:
             f"{self.steps} steps ({self.timed} timed), ms a step, wall/CPU of the core's "
             f"thread: {_stages(self.timed, self.wall, self.cpu)}; {by_kind}"
         )
+
+
+def _total(parts: Iterable[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in parts:
+        for stage, seconds in part.items():
+            out[stage] = out.get(stage, 0.0) + seconds
+    return out
 
 
 def _stages(n: int, wall: dict[str, float], cpu: dict[str, float]) -> str:
