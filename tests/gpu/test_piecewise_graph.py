@@ -1,5 +1,5 @@
-"""Piecewise CUDA graphs (engine/builtin/piecewise_graph.py): steps that carry a prefill chunk
-beside decodes replay the graphs between their attentions, and give the tokens the eager path
+"""Graphs of mixed steps (engine/builtin/step_graph.py, built on piecewise_graph.py's pieces):
+steps that carry a prefill chunk beside decodes replay a graph, and give the tokens the eager path
 gives (float32: every token; bfloat16: the same first token, and the same logprobs within
 rounding). Dummy weights of the SmolLM2-135M shape, one seed, so both engines hold one model."""
 
@@ -16,6 +16,7 @@ from tests.gpu.test_greedy_equivalence import shape_file
 from tests.in_thread import thread_core
 from trtllm_gateway.engine.builtin.core_launch import core_client
 from trtllm_gateway.engine.builtin.piecewise_graph import MIN_TOKENS, PiecewiseGraphs
+from trtllm_gateway.engine.builtin.step_graph import StepGraphs
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
 from trtllm_gateway.engine.transport.client import CoreClient
 
@@ -76,10 +77,15 @@ async def test_mixed_steps_replay_the_pieces_and_match_eager(tmp_path: Path, dty
             lm = thread_core(engine).loaded
             assert lm is not None
             pieces = getattr(lm.backend, "pieces", None)
+            whole = getattr(lm.backend, "whole", None)
             if graphs:
-                assert isinstance(pieces, PiecewiseGraphs) and pieces.replays > 0
+                # Each mixed step replays its whole-step graph (step_graph.py), which runs the
+                # pieces' captures with the attentions between; test_step_graph.py holds the two
+                # to the same bits, and more chunks than a whole graph takes to the pieces.
+                assert isinstance(pieces, PiecewiseGraphs) and isinstance(whole, StepGraphs)
+                assert whole.replays > 0
             else:
-                assert pieces is None
+                assert pieces is None and whole is None
         finally:
             await engine.stop()
     for (got, got_lp), (want, want_lp) in zip(results[True], results[False], strict=True):

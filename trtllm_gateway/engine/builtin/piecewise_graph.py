@@ -140,7 +140,8 @@ class PiecewiseGraphs:
         self.replays += 1
         return self.hidden[:tokens]
 
-    def _piece(self, b: int, k: int) -> None:
+    def piece(self, b: int, k: int) -> None:
+        """Piece k of bucket b's step, as captured (the whole-step graphs run them too)."""
         m = self.model
         ops = m.ops
         assert ops is not None
@@ -171,11 +172,11 @@ class PiecewiseGraphs:
         for b in reversed(self.sizes):
             graphs = []
             for k in range(pieces):
-                self._piece(b, k)  # warm-up: compiles the Triton kernels, sets cuBLAS up
+                self.piece(b, k)  # warm-up: compiles the Triton kernels, sets cuBLAS up
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
-                    self._piece(b, k)
+                    self.piece(b, k)
                 if pool is None:
                     pool = g.pool()
                 graphs.append(g)

@@ -4,10 +4,11 @@ The batch's numpy arrays are uploaded through pinned memory with non-blocking co
 host never waits for the GPU while it prepares a step. Decodes lead the packed batch (split-KV
 decode kernel), prefill chunks follow (packed prefill kernel). A step of decodes only that fits
 a captured batch size replays a CUDA graph of the whole step (cuda_graph.py); another step of
-17 to 2,048 tokens replays the graphs between its attentions, which run eagerly
-(piecewise_graph.py); the rest (images, prompt logprobs, tiny or huge steps) runs eagerly. The
-GPU runs a step while the host resolves the one before: the default overlap depth is 1
-(pipeline.py).
+17 to 2,048 tokens (8,192 for a small model) replays one graph of the whole step, attentions
+included (step_graph.py), or, past its 32 prompt chunks, the graphs between its attentions,
+which then run eagerly (piecewise_graph.py); the rest (images, prompt logprobs, tiny or huge
+steps) runs eagerly. The GPU runs a step while the host resolves the one before: the default
+overlap depth is 1 (pipeline.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.piecewise_graph import MIN_TOKENS, PiecewiseGraphs
 from trtllm_gateway.engine.builtin.pinned_ring import PinnedRing
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
+from trtllm_gateway.engine.builtin.step_graph import StepGraphs
 from trtllm_gateway.engine.builtin.vision.placeholders import merge_images
 
 
@@ -65,10 +67,13 @@ class TritonBackend:
             )
             self.graphs.capture()
         self.pieces: PiecewiseGraphs | None = None
+        self.whole: StepGraphs | None = None
         if cuda_graphs and max_num_tokens >= MIN_TOKENS:
             # The previous step sampled at most a row a sequence: max_batch_size ids.
             self.pieces = PiecewiseGraphs(model, kv_caches, max_num_tokens, max_batch_size)
             self.pieces.capture()
+            self.whole = StepGraphs(self.pieces, max_batch_size, max_blocks, page)
+            self.whole.capture()
 
     def _up(self, data: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:
         return self._staging.upload(data, dtype)
@@ -107,7 +112,12 @@ class TritonBackend:
         ):
             host = pw.host_inputs(b, batch.token_ids, batch.positions, batch.slots)
             pw.load(self._up(host, torch.long), b, prev if batch.placeholders else None)
-            hidden = pw.run(b, tokens, self._meta(batch, pw.slots[:tokens]))
+            whole = self.whole
+            if whole is not None and whole.takes(batch):
+                whole.load(self._up(whole.host_meta(b, batch), torch.int32), b, batch)
+                hidden = whole.replay(b, tokens)
+            else:
+                hidden = pw.run(b, tokens, self._meta(batch, pw.slots[:tokens]))
         else:
             input_ids = self._up(batch.token_ids, torch.long)
             if batch.placeholders:
