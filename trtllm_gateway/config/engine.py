@@ -63,8 +63,10 @@ class EngineConfig(BaseModel):
     )
     cuda_graphs: bool = Field(
         True,
-        description="Replay steps from CUDA graphs: decode steps whole, steps with a prefill "
-        "chunk of up to 2,048 tokens piece by piece between their attentions.",
+        description="Replay steps from CUDA graphs: decode steps whole, and steps with prompt "
+        "chunks of up to 2,048 tokens (a small model's up to `--max-num-tokens`, at most 8,192) "
+        "whole too, attentions included; past 32 prompt chunks piece by piece between their "
+        "attentions.",
     )
     overlap_depth: int | None = Field(
         None,
