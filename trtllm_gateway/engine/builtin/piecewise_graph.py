@@ -14,6 +14,10 @@ bucketed token counts, reading static buffers of ids, positions and slots that t
 states to static buffers the attention and the LM head read. The previous step's sampled ids
 are swapped in for placeholders inside piece 0, as in the decode graphs.
 
+StepGraphs (step_graph.py) captures these pieces again with the attentions between them, at
+launch shapes fixed per bucket, so a mixed step replays as one graph; the pieces run on their own
+for a step of more prompt chunks than it takes.
+
 The pieces are those of LlamaModel's fused path (Attention.project_and_store,
 LlamaModel.fused_layer_tail), so eager and piecewise steps run the same kernels; only the GEMMs
 see the bucket's padded row count.
