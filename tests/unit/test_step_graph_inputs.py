@@ -25,6 +25,8 @@ def _graphs(max_decodes: int, max_blocks: int, sizes: list[int]) -> StepGraphs:
     g.sizes = sizes
     g.decodes = {b: min(b, max_decodes) for b in sizes}
     g.tiles = {b: b // BLOCK_M + min(b, PREFILLS) for b in sizes}
+    g.splits = dict.fromkeys(sizes, 1)
+    g.hides = 1000
     g.buffers(max_decodes, max(g.tiles.values()), max_blocks, torch.device("cpu"))
     return g
 
@@ -116,7 +118,20 @@ def test_every_step_of_at_most_prefills_chunks_fits_its_bucket() -> None:
         q_lens = np.diff(np.concatenate([[0], cuts, [b]])).astype(int).tolist()
         assert len(_reference_tiles(q_lens)) <= g.tiles[b]
         batch = _batch([], [], q_lens)
-        assert g.takes(batch)
+        assert g.takes(batch, b, 1)
         tiles = g.host_meta(b, batch)[g._tiles : g._tiles + 2 * g.tiles[b]].reshape(-1, 2)
         assert tiles[: len(_reference_tiles(q_lens))].tolist() == _reference_tiles(q_lens)
-    assert not g.takes(_batch([], [], [1] * (PREFILLS + 1)))
+    assert not g.takes(_batch([], [], [1] * (PREFILLS + 1)), 64, 1)
+
+
+def test_decodes_wanting_more_splits_take_the_graph_only_in_a_small_step() -> None:
+    """A step whose decodes want more splits than its bucket's graph runs them at replays the
+    pieces once its GEMMs hide the launches (hides tokens), and the whole graph below that."""
+    g = _graphs(max_decodes=64, max_blocks=40, sizes=[128, 2048])
+    g.splits = {128: 1, 2048: 1}
+    g.hides = 600
+    small = _batch([500] * 4, [[1] * 32] * 4, [100])
+    large = _batch([500] * 4, [[1] * 32] * 4, [1000])
+    assert g.takes(small, 128, 1) and g.takes(large, 2048, 1)
+    assert g.takes(small, 128, 9)  # 104 tokens: too few to hide the pieces' launches
+    assert not g.takes(large, 2048, 9)

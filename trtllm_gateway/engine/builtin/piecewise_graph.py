@@ -50,14 +50,18 @@ MAX_TOKENS = 8192  # a small model's, up to this many (largest_bucket)
 HIDES_LAUNCHES_FLOP = 8e12
 
 
-def largest_bucket(max_tokens: int, cfg: ModelConfig) -> int:
-    """The most tokens a step runs from the pieces: BASE_TOKENS, or for a model too small for
-    its GPU work to hide an eager step's launches up to MAX_TOKENS; at most max_tokens."""
+def hiding_tokens(cfg: ModelConfig) -> int:
+    """The fewest tokens whose step GEMMs hide an eager step's launches (HIDES_LAUNCHES_FLOP)."""
     h, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
     q = cfg.num_heads * cfg.head_dim
     layer = h * q + 2 * h * kv + q * h + 3 * h * cfg.intermediate_size
-    hides = int(HIDES_LAUNCHES_FLOP / (2 * cfg.num_layers * layer))
-    return min(max_tokens, max(BASE_TOKENS, min(hides, MAX_TOKENS)))
+    return int(HIDES_LAUNCHES_FLOP / (2 * cfg.num_layers * layer))
+
+
+def largest_bucket(max_tokens: int, cfg: ModelConfig) -> int:
+    """The most tokens a step runs from the pieces: BASE_TOKENS, or for a model too small for
+    its GPU work to hide an eager step's launches up to MAX_TOKENS; at most max_tokens."""
+    return min(max_tokens, max(BASE_TOKENS, min(hiding_tokens(cfg), MAX_TOKENS)))
 
 
 def piece_sizes(top: int) -> list[int]:

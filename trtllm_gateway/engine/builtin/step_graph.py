@@ -18,7 +18,9 @@ step replays as one graph:
   which reads nothing and writes nothing.
 
 The metadata sits in static buffers that each step fills at its own widths: one upload, three
-device copies. A step of more than PREFILLS chunks replays the pieces as before. Kernels, GEMM
+device copies. A step of more than PREFILLS chunks replays the pieces as before, and so does a
+step whose decodes want more splits than its bucket's while its GEMMs hide the pieces' launches
+(takes). Kernels, GEMM
 row counts and the pieces' buffers are the piecewise path's, so both give the same hidden
 states when the decodes run at the same split count (tests/gpu/test_piecewise_graph.py checks
 every whole-graph step against the pieces, bit for bit).
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata, KernelPrefill
-from trtllm_gateway.engine.builtin.piecewise_graph import PiecewiseGraphs
+from trtllm_gateway.engine.builtin.piecewise_graph import PiecewiseGraphs, hiding_tokens
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class StepGraphs:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         hk, longest = model.cfg.num_kv_heads, max_blocks * page
         self.splits = {b: choose_splits(d, hk, longest, page, sms) for b, d in self.decodes.items()}
+        self.hides = hiding_tokens(model.cfg)
         self.buffers(max_decodes, max(self.tiles.values()), max_blocks, dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replays = 0  # steps run as one graph (tests, benchmarks)
@@ -75,13 +78,20 @@ class StepGraphs:
         self.decode_tables = torch.zeros((max_decodes, max_blocks), dtype=torch.int32, device=dev)
         self.prefill_tables = torch.zeros((PREFILLS + 1, max_blocks), dtype=torch.int32, device=dev)
 
-    def takes(self, batch: StepBatch) -> bool:
-        """At most PREFILLS prompt chunks, and tables that fit the static ones."""
+    def takes(self, batch: StepBatch, b: int, splits: int) -> bool:
+        """At most PREFILLS prompt chunks and tables that fit the static ones; and decodes that
+        want no more splits than the bucket's (splits: the step's own choose_splits), unless the
+        step is too small for its GPU work to hide the pieces' eager launches (hiding_tokens).
+        At one split a few decodes over long contexts leave most SMs idle in the decode
+        attention (an 8B model's 4 decodes: 32 programs where the step would launch 9 splits
+        of each), time a large prompt chunk's step would spend on the GPU; a small step's saved
+        launches are worth more."""
         w = self.decode_tables.shape[1]
         return (
             len(batch.prefill_q_lens) <= PREFILLS
             and batch.decode_tables.shape[1] <= w
             and batch.prefill_tables.shape[1] <= w
+            and (splits <= self.splits[b] or len(batch.token_ids) < self.hides)
         )
 
     def host_meta(self, b: int, batch: StepBatch) -> np.ndarray:

@@ -113,7 +113,7 @@ class TritonBackend:
             host = pw.host_inputs(b, batch.token_ids, batch.positions, batch.slots)
             pw.load(self._up(host, torch.long), b, prev if batch.placeholders else None)
             whole = self.whole
-            if whole is not None and whole.takes(batch):
+            if whole is not None and whole.takes(batch, b, self._splits(batch)):
                 whole.load(self._up(whole.host_meta(b, batch), torch.int32), b, batch)
                 hidden = whole.replay(b, tokens)
             else:
@@ -136,11 +136,9 @@ class TritonBackend:
         nd = batch.num_decodes
         meta = AttentionMetadata(slot_mapping=slots, num_decodes=nd)
         if nd:
-            ctx_lens = batch.decode_ctx_lens
             meta.decode_block_tables = self._up(batch.decode_tables, torch.int32)
-            meta.decode_ctx_lens = self._up(ctx_lens, torch.int32)
-            longest = int(ctx_lens.max())
-            meta.decode_splits = choose_splits(nd, self.num_kv_heads, longest, self.page, self.sms)
+            meta.decode_ctx_lens = self._up(batch.decode_ctx_lens, torch.int32)
+            meta.decode_splits = self._splits(batch)
         q_lens = batch.prefill_q_lens
         if len(q_lens):
             n = len(q_lens)
@@ -152,6 +150,14 @@ class TritonBackend:
                 tiles=self._up(prefill_tiles(list(range(n)), q_lens.tolist()), torch.int32),
             )
         return meta
+
+    def _splits(self, batch: StepBatch) -> int:
+        """The split-KV count this step's decodes would run at eagerly."""
+        nd = batch.num_decodes
+        if not nd:
+            return 1
+        longest = int(batch.positions[:nd].max()) + 1
+        return choose_splits(nd, self.num_kv_heads, longest, self.page, self.sms)
 
     def _replay(
         self, g: DecodeGraphs, bucket: int, batch: StepBatch, prev: torch.Tensor | None
