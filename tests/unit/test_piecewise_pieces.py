@@ -165,7 +165,7 @@ class _Called:
         self.pw, self.b, self.k = pw, b, k
 
     def replay(self) -> None:
-        self.pw._piece(self.b, self.k)
+        self.pw.piece(self.b, self.k)
 
 
 def _caches(cfg: ModelConfig, slots: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -48,22 +49,23 @@ PREFILLS = 32
 
 class StepGraphs:
     def __init__(
-        self, pieces: PiecewiseGraphs, max_decodes: int, max_blocks: int, page: int
+        self,
+        pieces: PiecewiseGraphs,
+        max_decodes: int,
+        max_blocks: int,
+        splits_for: Callable[[int], int],
+        block_m: int,
     ) -> None:
-        from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits
-        from trtllm_gateway.engine.builtin.kernels.prefill_attention import BLOCK_M  # Triton
-
+        """splits_for(rows): the decode kernel's split count for that many rows at the longest
+        context (the backend's choose_splits); block_m: the prefill kernel's queries a tile."""
         self.pieces = pieces
-        model = pieces.model
         self.sizes = pieces.sizes
-        self.block_m = BLOCK_M
+        self.block_m = block_m
         self.decodes = {b: min(b, max_decodes) for b in self.sizes}
-        self.tiles = {b: b // BLOCK_M + min(b, PREFILLS) for b in self.sizes}
+        self.tiles = {b: b // block_m + min(b, PREFILLS) for b in self.sizes}
+        self.splits = {b: splits_for(d) for b, d in self.decodes.items()}
+        self.hides = hiding_tokens(pieces.model.cfg)
         dev = pieces.inputs.device
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        hk, longest = model.cfg.num_kv_heads, max_blocks * page
-        self.splits = {b: choose_splits(d, hk, longest, page, sms) for b, d in self.decodes.items()}
-        self.hides = hiding_tokens(model.cfg)
         self.buffers(max_decodes, max(self.tiles.values()), max_blocks, dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replays = 0  # steps run as one graph (tests, benchmarks)

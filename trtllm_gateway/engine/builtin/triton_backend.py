@@ -25,7 +25,7 @@ from trtllm_gateway.engine.builtin.backend import (
 from trtllm_gateway.engine.builtin.cuda_graph import DecodeGraphs
 from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits, warm_up
 from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
-from trtllm_gateway.engine.builtin.kernels.prefill_attention import prefill_tiles
+from trtllm_gateway.engine.builtin.kernels.prefill_attention import BLOCK_M, prefill_tiles
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.piecewise_graph import MIN_TOKENS, PiecewiseGraphs
 from trtllm_gateway.engine.builtin.pinned_ring import PinnedRing
@@ -72,7 +72,12 @@ class TritonBackend:
             # The previous step sampled at most a row a sequence: max_batch_size ids.
             self.pieces = PiecewiseGraphs(model, kv_caches, max_num_tokens, max_batch_size)
             self.pieces.capture()
-            self.whole = StepGraphs(self.pieces, max_batch_size, max_blocks, page)
+            hk, longest = self.num_kv_heads, max_blocks * page
+
+            def splits_for(rows: int) -> int:
+                return choose_splits(rows, hk, longest, page, self.sms)
+
+            self.whole = StepGraphs(self.pieces, max_batch_size, max_blocks, splits_for, BLOCK_M)
             self.whole.capture()
 
     def _up(self, data: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:
