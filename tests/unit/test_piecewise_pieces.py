@@ -147,13 +147,16 @@ class TorchOps:
         table: torch.Tensor,
         ctx: int,
         scale: float,
+        first: int | None = None,
     ) -> torch.Tensor:
+        """q's rows at positions first.. (default: the context's last rows) over ctx tokens."""
         slots = (table.long()[:, None] * self.page + torch.arange(self.page)).flatten()[:ctx]
         group = q.shape[1] // kv[0].shape[1]
         k = kv[0][slots].repeat_interleave(group, 1)
         v = kv[1][slots].repeat_interleave(group, 1)
         s = torch.einsum("nhd,thd->nht", q, k) * scale
-        pos = torch.arange(ctx - q.shape[0], ctx)
+        first = ctx - q.shape[0] if first is None else first
+        pos = torch.arange(first, first + q.shape[0])
         s = s.masked_fill((torch.arange(ctx)[None, :] > pos[:, None])[:, None, :], float("-inf"))
         return torch.einsum("nht,thd->nhd", s.softmax(-1), v)
 

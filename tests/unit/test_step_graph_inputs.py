@@ -178,7 +178,7 @@ class TiledOps(TorchOps):
             if ctx == 0:
                 out[r] = 0.0
             else:
-                out[r : r + 1] = self._rows(q[r : r + 1], kv, tables[r], ctx, ctx - 1, scale)
+                out[r : r + 1] = self._one(q[r : r + 1], kv, tables[r], ctx, scale)
         pf = meta.prefill
         if pf is not None:
             for seq, m0 in pf.tiles.view(-1, 2).tolist():
@@ -188,26 +188,8 @@ class TiledOps(TorchOps):
                     rows = slice(q0 + m0, q0 + hi)
                     first = ctx - qn + m0  # the tile's first query's position
                     table = pf.block_tables[seq]
-                    out[rows] = self._rows(q[rows], kv, table, ctx, first, scale)
+                    out[rows] = self._one(q[rows], kv, table, ctx, scale, first)
         return out
-
-    def _rows(
-        self,
-        q: torch.Tensor,
-        kv: tuple[torch.Tensor, torch.Tensor],
-        table: torch.Tensor,
-        ctx: int,
-        first: int,
-        scale: float,
-    ) -> torch.Tensor:
-        slots = (table.long()[:, None] * self.page + torch.arange(self.page)).flatten()[:ctx]
-        group = q.shape[1] // kv[0].shape[1]
-        k = kv[0][slots].repeat_interleave(group, 1)
-        v = kv[1][slots].repeat_interleave(group, 1)
-        s = torch.einsum("nhd,thd->nht", q, k) * scale
-        pos = torch.arange(first, first + q.shape[0])
-        s = s.masked_fill((torch.arange(ctx)[None, :] > pos[:, None])[:, None, :], float("-inf"))
-        return torch.einsum("nht,thd->nhd", s.softmax(-1), v)
 
 
 class _Step:
