@@ -41,8 +41,8 @@ from trtllm_gateway.engine.builtin.step_batch import StepBatch
 
 logger = logging.getLogger(__name__)
 
-# Most prompt chunks a whole-step graph takes. At 256 running and an 8,192-token budget a mixed
-# step carried 1-9 of them (1,024-token prompts); more is a burst of short prompts, which the
+# Most prompt chunks a whole-step graph takes. 1,024-token prompts under an 8,192-token budget
+# fit at most 9 in a step (8 whole and a part); more is a burst of short prompts, which the
 # pieces still run. Each spare tile is a program that exits at once.
 PREFILLS = 32
 
