@@ -12,6 +12,10 @@ was slower (0.43 ms at best against 0.36), and the per-page block-table load gai
 -> 0.333 ms, now the engine's default for an e4m3 cache); widening e4m3 by bit moves instead of
 the conversion instruction lost 0.1 ms: the kernel is bound by instructions per element.
 
+Timed as 20 calls replayed from one CUDA graph (bench.profile_decode.graphed): a kernel of a
+135M layer (~50 us) is shorter than Triton's launch from Python, which timing single launches
+measured instead (~0.1 ms a call whatever the kernel, before 2026-11-29).
+
   python -m bench.attn_variants --batch 256 --ctx 1536
 """
 
@@ -27,7 +31,7 @@ import triton.language as tl
 
 from bench.decode_attention_ab import inputs, reference
 from bench.device import copy_bandwidth
-from bench.profile_decode import timed
+from bench.profile_decode import graphed
 from trtllm_gateway.engine.builtin.kernels.decode_attention import (
     _decode_reduce_kernel,
     choose_splits,
@@ -198,8 +202,23 @@ def main() -> None:
         default="",
         help="also the e4m3 cache read as 16-bit words (decode_attention_e4m3) at these configs",
     )
+    p.add_argument(
+        "--heads-configs",
+        default="",
+        help="also decode_attention_heads (all KV heads a program) at these configs, at the "
+        "split count above and at choose_splits' count for one KV head a program; 'pad' too",
+    )
+    p.add_argument("--heads-splits", default="", help="split counts for --heads-configs")
+    p.add_argument(
+        "--sequential-pages",
+        action="store_true",
+        help="each sequence's pages in a row (the engine's layout when blocks are freshly taken)",
+    )
     args = p.parse_args()
     x = inputs(args)
+    if args.sequential_pages:
+        t = x["tables"]
+        x["tables"] = torch.arange(t.numel(), dtype=t.dtype, device=t.device).view(t.shape)
     scale = args.head_dim**-0.5
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = args.splits or choose_splits(args.batch, args.kv_heads, args.ctx, args.page, sms)
@@ -226,6 +245,16 @@ def main() -> None:
             x["q"], x["k"], x["v"], x["tables"], x["lens"], scale, args.page, splits,
             out=out, config=cfg, words=True,
         )  # fmt: skip
+    one_head = choose_splits(args.batch, 1, args.ctx, args.page, sms)
+    heads_splits = [int(n) for n in args.heads_splits.split()] or sorted({splits, one_head})
+    for c in args.heads_configs.split():
+        cfg = tuple(int(n) for n in c.split(","))
+        for sp, mode in [(sp, True) for sp in heads_splits] + [(splits, "pad")]:
+            name = f"heads{'-pad' if mode == 'pad' else ''} n{cfg[0]} w{cfg[1]} s{cfg[2]} x{sp}"
+            variants[name] = lambda cfg=cfg, sp=sp, mode=mode: decode_attention(
+                x["q"], x["k"], x["v"], x["tables"], x["lens"], scale, args.page, sp,
+                out=out, config=cfg, words=True, heads=mode,
+            )  # fmt: skip
     if args.transposed:
         for c in args.configs.split():
             cfg = tuple(int(n) for n in c.split(","))
@@ -252,7 +281,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, fn in variants.items():
             if "ms" in rows[name]:
-                rows[name]["ms"].append(timed(fn, 20))
+                rows[name]["ms"].append(graphed(fn, 20))
     report = []
     for name, r in rows.items():
         if "ms" in r:

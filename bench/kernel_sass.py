@@ -14,6 +14,7 @@ dependency):
   python -m bench.kernel_sass decode --kv fp8 --config 64,2,5 --bytes   # the byte-typed kernel
   python -m bench.kernel_sass decode --kv bf16 --config 64,4,3
   python -m bench.kernel_sass prefill --kv fp8
+  python -m bench.kernel_sass decode --kv fp8 --head-dim 64 --group 3 --kv-heads 3 --config 64,4,3
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from triton.compiler import ASTSource
 
 from trtllm_gateway.engine.builtin.kernels import decode_attention as da
 from trtllm_gateway.engine.builtin.kernels import decode_attention_e4m3 as words
+from trtllm_gateway.engine.builtin.kernels import decode_attention_heads as all_heads
 from trtllm_gateway.engine.builtin.kernels import prefill_attention as pa
 
 KV = {"fp8": "fp8e4nv", "bf16": "bf16", "fp16": "fp16"}
@@ -115,6 +117,13 @@ def main() -> None:
     p.add_argument("--config", default="", help="tokens a tile, warps, stages (decode)")
     p.add_argument("--bytes", action="store_true", help="decode: the byte-typed e4m3 kernel")
     p.add_argument("--arch", type=int, default=90)
+    p.add_argument(
+        "--kv-heads",
+        type=int,
+        default=0,
+        help="decode over e4m3: decode_attention_heads' kernel, all these KV heads a program",
+    )
+    p.add_argument("--pad", action="store_true", help="--kv-heads: one padded piece a row")
     args = p.parse_args()
     dim = args.head_dim
     e4m3 = args.kv == "fp8"
@@ -126,7 +135,20 @@ def main() -> None:
         cfg = args.config or ",".join(map(str, da.E4M3_WORDS_CONFIG if e4m3 else (64, 4, 3)))
         block_n, warps, stages = (int(x) for x in cfg.split(","))
         shape |= {"SPLIT": False, "GROUP_PAD": max(16, triton.next_power_of_2(args.group))}
-        if e4m3 and not args.bytes:
+        if args.kv_heads:
+            hq = args.kv_heads * args.group
+            rows, cols_a, cols_b = all_heads.layout(hq, args.kv_heads, dim, args.pad) or (0, 0, 0)
+            fn = all_heads._decode_heads_kernel
+            consts = {
+                **shape,
+                "NUM_HEADS": hq,
+                "ROWS": rows,
+                "COLS_A": cols_a,
+                "COLS_B": cols_b,
+                "ROW_WORDS": args.kv_heads * dim // 2,
+                "BLOCK_N": block_n,
+            }
+        elif e4m3 and not args.bytes:
             fn, consts = words._decode_e4m3_kernel, {**shape, "BLOCK_N": block_n}
         else:
             fn = da._decode_split_kernel

@@ -105,13 +105,65 @@ def test_decode_attention_reads_an_fp8_cache(
     q = torch.randn(len(lens), hq, d, device=CUDA).to(dtype)
     out = torch.full_like(q, float("nan"))
     ctx = torch.tensor(lens, dtype=torch.int32, device=CUDA)
-    assert decode_attention_e4m3.takes(q, kq, page)  # what the engine picks by default on this GPU
+    assert decode_attention_e4m3.takes(
+        q.dtype, kq, page
+    )  # what the engine picks by default on this GPU
     decode_attention(
         q, kq, vq, bt, ctx, d**-0.5, page, splits, out=out, kv_scales=scales, words=words
     )
     for i, n in enumerate(lens):
         ref = ref_attention(q[i : i + 1], k, v, bt[i], n, page, [n - 1])[0]
         assert rel_err(out[i], ref) < 1e-2, (i, n)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 0.125)])
+@pytest.mark.parametrize("mode", [True, "pad"])
+@pytest.mark.parametrize(
+    ("hq", "hk", "d", "page", "dtype"),
+    [
+        (9, 3, 64, 16, torch.bfloat16),  # SmolLM2-135M: rows of 64 + 32 words
+        (14, 2, 64, 16, torch.bfloat16),  # Qwen2-0.5B: one piece of 64
+        (16, 4, 32, 32, torch.float16),
+    ],
+)
+def test_all_heads_kernel_reads_an_fp8_cache(
+    splits: int,
+    scales: tuple[float, float],
+    mode: bool | str,
+    hq: int,
+    hk: int,
+    d: int,
+    page: int,
+    dtype: torch.dtype,
+) -> None:
+    """decode_attention_heads: every KV head of a sequence in one program, against float64;
+    rows of the query heads' padding and every other head's columns are never written."""
+    from trtllm_gateway.engine.builtin.kernels import decode_attention_heads
+    from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
+
+    lens = [1, 17, 300, 1000, 64]
+    kq, vq, k, v = fp8_cache(200, page, hk, d, scales)
+    bt = tables(lens, page, 200)
+    q = torch.randn(len(lens), hq, d, device=CUDA).to(dtype)
+    out = torch.full_like(q, float("nan"))
+    ctx = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    assert decode_attention_heads.layout(hq, hk, d, mode == "pad") is not None
+    decode_attention(
+        q, kq, vq, bt, ctx, d**-0.5, page, splits, out=out, kv_scales=scales, heads=mode
+    )
+    for i, n in enumerate(lens):
+        ref = ref_attention(q[i : i + 1], k, v, bt[i], n, page, [n - 1])[0]
+        assert rel_err(out[i], ref) < 1e-2, (i, n)
+
+
+def test_all_heads_kernel_takes_few_heads_only() -> None:
+    """The 8B layout (32 query heads, a 1 KiB row of K) stays on the one-head-a-program kernel."""
+    from trtllm_gateway.engine.builtin.kernels import decode_attention_heads
+
+    assert decode_attention_heads.layout(32, 8, 128) is None
+    assert decode_attention_heads.layout(9, 3, 64) == (16, 64, 32)
+    assert decode_attention_heads.layout(9, 3, 64, pad=True) == (16, 128, 0)
 
 
 def test_prefill_attention_reads_an_fp8_cache() -> None:

@@ -57,13 +57,15 @@ class DecodeGraphs:
         self.prev = torch.zeros(n, dtype=torch.long, device=dev)  # placeholders' ids
         self.block_tables = self.packed[INPUTS * n :].view(n, max_blocks)
         self.logits = torch.zeros((n, model.cfg.vocab_size), dtype=torch.float32, device=dev)
-        from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits  # Triton
+        from trtllm_gateway.engine.builtin.kernels.decode_attention import (  # Triton
+            choose_splits,
+            takes_all_heads,
+        )
 
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        self.splits = {
-            b: choose_splits(b, model.cfg.num_kv_heads, max_model_len, page, sms)
-            for b in self.sizes
-        }
+        dtype, hk = model.embed_tokens.weight.dtype, model.cfg.num_kv_heads
+        heads = takes_all_heads(model.cfg.num_heads, dtype, *kv_caches[0], page)
+        self.splits = {b: choose_splits(b, hk, max_model_len, page, sms, heads) for b in self.sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def bucket(self, n: int) -> int | None:

@@ -23,7 +23,11 @@ from trtllm_gateway.engine.builtin.backend import (
     resolve_placeholders,
 )
 from trtllm_gateway.engine.builtin.cuda_graph import DecodeGraphs
-from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits, warm_up
+from trtllm_gateway.engine.builtin.kernels.decode_attention import (
+    choose_splits,
+    takes_all_heads,
+    warm_up,
+)
 from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
 from trtllm_gateway.engine.builtin.kernels.prefill_attention import BLOCK_M, prefill_tiles
 from trtllm_gateway.engine.builtin.model import LlamaModel
@@ -56,8 +60,11 @@ class TritonBackend:
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
         self._staging = PinnedRing(device)
         model.ops = KernelOps(page)
+        dtype = model.embed_tokens.weight.dtype
+        # decode_attention_heads' kernel (one program a sequence) splits by its own rule
+        self.all_heads = takes_all_heads(model.cfg.num_heads, dtype, *kv_caches[0], page)
         # Eager steps pick their split count per step: compile every variant now, not mid-serving.
-        warm_up(*kv_caches[0], model.cfg.num_heads, model.embed_tokens.weight.dtype, page)
+        warm_up(*kv_caches[0], model.cfg.num_heads, dtype, page)
         # One token past max_model_len: at depth 1 a stopped sequence computes one wasted token.
         max_blocks = -(-(max_model_len + 1) // page)
         self.graphs: DecodeGraphs | None = None
@@ -75,7 +82,7 @@ class TritonBackend:
             hk, longest = self.num_kv_heads, max_blocks * page
 
             def splits_for(rows: int) -> int:
-                return choose_splits(rows, hk, longest, page, self.sms)
+                return choose_splits(rows, hk, longest, page, self.sms, self.all_heads)
 
             self.whole = StepGraphs(self.pieces, max_batch_size, max_blocks, splits_for, BLOCK_M)
             self.whole.capture()
@@ -162,7 +169,7 @@ class TritonBackend:
         if not nd:
             return 1
         longest = int(batch.positions[:nd].max()) + 1
-        return choose_splits(nd, self.num_kv_heads, longest, self.page, self.sms)
+        return choose_splits(nd, self.num_kv_heads, longest, self.page, self.sms, self.all_heads)
 
     def _replay(
         self, g: DecodeGraphs, bucket: int, batch: StepBatch, prev: torch.Tensor | None

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from trtllm_gateway.engine.builtin.kernels import decode_attention_e4m3 as e4m3
+from trtllm_gateway.engine.builtin.kernels import decode_attention_heads as all_heads
 
 # (tokens per tile, warps, pipeline stages) of decode_attention_e4m3's kernel. bench.attn_variants
 # on an H200, 2026-11-28, two calls, one split: at the 8B shape, batch 256 and 1,536 tokens,
@@ -28,6 +29,12 @@ from trtllm_gateway.engine.builtin.kernels import decode_attention_e4m3 as e4m3
 # kernel at its best tiles 0.280 ms in the first call), first and second of nine configs; within
 # 2% of the best at batch 64 and at the 135M shape (where 32 / 2 / 5 and 64 / 2 / 5 led by 1-4%).
 E4M3_WORDS_CONFIG = (128, 2, 4)
+# decode_attention_heads' kernel (tokens per tile, warps, stages). bench.attn_variants on an
+# H200, 2026-11-29, 135M heads (9 / 3 / 64) at 1,536 tokens, nine tile configs, graph-replayed:
+# 128 / 4 / 2 was first or within 1% of it at batch 256 (47.6 us a layer against the words
+# kernel's 52.3), 128 (29.7 against 33.5) and 64 (14.4 against 17.8), each at choose_splits'
+# all_heads count.
+ALL_HEADS_CONFIG = (128, 4, 2)
 
 
 @triton.jit(do_not_specialize=["stride_btb", "num_splits"])
@@ -172,10 +179,20 @@ def _decode_reduce_kernel(
     )
 
 
-def choose_splits(batch: int, num_kv_heads: int, max_ctx: int, page: int, num_sms: int) -> int:
-    """Enough programs to fill the GPU twice over, but no split shorter than 4 pages."""
-    want = max(1, -(-2 * num_sms // max(1, batch * num_kv_heads)))
+def choose_splits(
+    batch: int, num_kv_heads: int, max_ctx: int, page: int, num_sms: int, all_heads: bool = False
+) -> int:
+    """Enough programs to fill the GPU twice over, but no split shorter than 4 pages.
+
+    all_heads (decode_attention_heads' kernel, one program a sequence and split): one wave of
+    two programs an SM, rounded down (its 128-token tiles in two stages take 96 KiB of shared
+    memory). bench.attn_variants on an H200, 135M heads at 1,536 tokens, 2026-11-29: the best
+    split count was 1 at batch 256, 2 at 128 and 4 at 64 (2 at 256 was 11% slower)."""
     most = max(1, -(-max_ctx // (4 * page)))
+    if all_heads:
+        want = max(1, 2 * num_sms // max(1, batch))
+    else:
+        want = max(1, -(-2 * num_sms // max(1, batch * num_kv_heads)))
     return int(min(want, most, 64))
 
 
@@ -194,6 +211,7 @@ def decode_attention(
     f16: bool | None = None,
     paged_bt: bool | None = None,
     words: bool | None = None,
+    heads: bool | str | None = None,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; caches: [slots, Hk, D]; block_tables: [B, W] int32; ctx_lens: [B] int32.
     kv_scales: (k_scale, v_scale) of an e4m3 cache (1.0 for others).
@@ -209,6 +227,8 @@ def decode_attention(
     went 0.410 -> 0.421 ms, so it stays off there; batch 32 unchanged.
 
     words: read an e4m3 cache as 16-bit words (decode_attention_e4m3; None: wherever it can).
+    heads: with words, all KV heads of a sequence in one program (decode_attention_heads; None:
+    takes_all_heads; "pad": one power-of-two piece of a token row, the rest masked).
 
     Returns [B, Hq, D] in q's dtype. Launch shapes depend only on B and num_splits, so the call
     can be captured in a CUDA graph.
@@ -272,8 +292,20 @@ def decode_attention(
         "PAGE": page,
     }
     if words is None:
-        words = e4m3.takes(q, k_cache, page)
-    if words:
+        words = e4m3.takes(q.dtype, k_cache, page)
+    if heads is None:
+        heads = takes_all_heads(hq, q.dtype, k_cache, v_cache, page)
+    if words and heads:
+        rows, cols_a, cols_b = all_heads.layout(hq, hk, dim, heads == "pad") or (0, 0, 0)
+        block_n, warps, stages = config or ALL_HEADS_CONFIG
+        all_heads._decode_heads_kernel[(bsz, num_splits)](
+            *args[:11], args[12], *args[14:],  # no head strides: heads contiguous
+            SPLIT=num_splits > 1, GROUP=group, NUM_HEADS=hq, ROWS=rows, HEAD_DIM=dim,
+            COLS_A=cols_a, COLS_B=cols_b,
+            ROW_WORDS=hk * dim // 2, D_PAD=d_pad, PAGE=page, BLOCK_N=max(block_n, page),
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+    elif words:
         block_n, warps, stages = config or E4M3_WORDS_CONFIG
         e4m3._decode_e4m3_kernel[(bsz, hk, num_splits)](
             *args, **shape, BLOCK_N=max(block_n, page), num_warps=warps, num_stages=stages
@@ -304,6 +336,20 @@ def decode_attention(
             num_warps=4,
         )
     return out
+
+
+def takes_all_heads(
+    num_heads: int, q_dtype: torch.dtype, k_cache: torch.Tensor, v_cache: torch.Tensor, page: int
+) -> bool:
+    """Whether decode_attention_heads' kernel serves this layout: the words kernel's conditions,
+    a head layout it takes, and each token's heads contiguous in both caches."""
+    dim = k_cache.shape[2]
+    return (
+        e4m3.takes(q_dtype, k_cache, page)
+        and all_heads.layout(num_heads, k_cache.shape[1], dim) is not None
+        and k_cache.stride(1) == dim == v_cache.stride(1)
+        and k_cache.stride(2) == 1 == v_cache.stride(2)
+    )
 
 
 def warm_up(

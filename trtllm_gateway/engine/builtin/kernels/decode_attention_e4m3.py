@@ -147,17 +147,17 @@ def _has_e4m3_cvt(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 9)
 
 
-def takes(q: torch.Tensor, k_cache: torch.Tensor, page: int) -> bool:
-    """Whether this kernel serves the call: an e4m3 cache, a 16-bit query, a power-of-two head
-    dim of 32 or more (each half at least one MMA step), a power-of-two page, and a GPU with the
-    conversion instruction."""
-    dim = q.shape[-1]
+def takes(q_dtype: torch.dtype, k_cache: torch.Tensor, page: int) -> bool:
+    """Whether this kernel serves a query of q_dtype over this cache: an e4m3 cache, a 16-bit
+    query, a power-of-two head dim of 32 or more (each half at least one MMA step), a
+    power-of-two page, and a GPU with the conversion instruction."""
+    dim = k_cache.shape[-1]
     return (
         k_cache.dtype == torch.float8_e4m3fn
         and page & (page - 1) == 0
-        and q.dtype in (torch.bfloat16, torch.float16)
-        and q.is_cuda
+        and q_dtype in (torch.bfloat16, torch.float16)
+        and k_cache.is_cuda
         and dim >= 32
         and dim & (dim - 1) == 0
-        and _has_e4m3_cvt(q.device.index if q.device.index is not None else 0)
+        and _has_e4m3_cvt(k_cache.device.index if k_cache.device.index is not None else 0)
     )
