@@ -92,7 +92,12 @@ def test_decode_variants_are_compiled_up_front() -> None:
     launch without compiling: a constexpr split count compiled a new kernel mid-serving."""
     from trtllm_gateway.engine.builtin.kernels import decode_attention as da
 
-    kernels = (da._decode_split_kernel, da._decode_reduce_kernel, da.e4m3._decode_e4m3_kernel)
+    kernels = (
+        da._decode_split_kernel,
+        da._decode_reduce_kernel,
+        da.e4m3._decode_e4m3_kernel,
+        da.all_heads._decode_heads_kernel,
+    )
 
     def compiled() -> int:  # Triton's per-device caches: (kernels, keys, target, backend, binder)
         return sum(len(c[0]) for fn in kernels for c in fn.device_caches.values())
