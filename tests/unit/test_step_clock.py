@@ -49,3 +49,17 @@ def test_untimed_steps_record_nothing() -> None:
         clock.lap("work")
         clock.end()
     assert clock.timed == 0 and clock.wall == {} and clock.cpu == {} and clock.kinds == {}
+
+
+def test_every_step_counts_its_size_by_kind() -> None:
+    """size() counts every step, timed or not: steps, sequences and tokens by kind."""
+    clock = StepClock(every=8)
+    for seqs, tokens, kind in ((256, 256, "decode"), (250, 1274, "mixed"), (200, 200, "decode")):
+        clock.start()
+        clock.size(kind, seqs, tokens)
+        clock.end()
+    assert clock.timed == 0
+    assert clock.sizes == {"decode": [2, 456, 456], "mixed": [1, 250, 1274]}
+    text = clock.summary()
+    assert "decode 2 steps, 228.0 sequences and 228.0 tokens a step" in text
+    assert "mixed 1 steps, 250.0 sequences and 1274.0 tokens a step" in text

@@ -123,8 +123,8 @@ class StepPipeline:
         """Pack, forward, sample; None when no chunk of the step samples."""
         batch = StepBatch.build(chunks, self.scheduler.blocks.block_size, self.tables)
         clock.lap("build")
-        if batch.num_decodes == len(chunks):
-            clock.kind = "decode"
+        kind = "decode" if batch.num_decodes == len(chunks) else "mixed"
+        clock.size(kind, len(chunks), len(batch.token_ids))
         prev = self.inflight.pending.token_ids if self.inflight is not None else None
         logits = self.backend.forward(batch, prev)
         clock.lap("forward")

@@ -10,7 +10,8 @@ servers, their messages, admissions. Every EVERY-th step is timed (thread_time i
 call), so the clock costs well under a microsecond a step. A step's `kind` (the pipeline's:
 "decode" for a step of decodes only, which replays a CUDA graph, "mixed" for one with a prompt
 chunk) splits the sums too: a few long mixed steps would otherwise hide what the common step
-costs.
+costs. Every step (timed or not) counts its sequences and tokens by kind (`size`): a served
+run's mean batch says how full the steps ran, which the stage times alone do not.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class StepClock:
     _laps: list[tuple[str, float, float]] = field(default_factory=list)  # this step's
     _at: tuple[float, float] = (0.0, 0.0)  # the last lap's (wall, cpu)
     _ended: tuple[float, float] | None = None  # when the step before ended (a timed one's)
+    # By kind, over every step: [steps, sequences, tokens].
+    sizes: dict[str, list[int]] = field(default_factory=dict)
 
     def start(self) -> None:
         """A step begins; if it is timed, `between` gets the time since the step before ended."""
@@ -46,6 +49,17 @@ class StepClock:
         self._at = _now()
         if self._ended is not None:
             self._add("between", self._ended, self._at)
+
+    def size(self, kind: str, seqs: int, tokens: int) -> None:
+        """This step's kind and size: every step, timed or not."""
+        self.kind = kind
+        n = self.sizes.get(kind)
+        if n is None:
+            self.sizes[kind] = [1, seqs, tokens]
+        else:
+            n[0] += 1
+            n[1] += seqs
+            n[2] += tokens
 
     def lap(self, stage: str) -> None:
         """The stage since the last lap (or the start) ends now; only on a timed step."""
@@ -83,9 +97,13 @@ class StepClock:
             f"{kind} steps ({n} timed): {_stages(n, wall, cpu)}"
             for kind, (n, wall, cpu) in sorted(self.kinds.items())
         )
+        sizes = "; ".join(
+            f"{kind} {n} steps, {seqs / n:.1f} sequences and {tokens / n:.1f} tokens a step"
+            for kind, (n, seqs, tokens) in sorted(self.sizes.items())
+        )
         return (
             f"{self.steps} steps ({self.timed} timed), ms a step, wall/CPU of the core's "
-            f"thread: {_stages(self.timed, self.wall, self.cpu)}; {by_kind}"
+            f"thread: {_stages(self.timed, self.wall, self.cpu)}; {by_kind}; every step: {sizes}"
         )
 
 
