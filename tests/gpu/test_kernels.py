@@ -225,6 +225,33 @@ def test_rms_norm_and_silu(dtype: torch.dtype) -> None:
     assert rel_err(silu_mul(gu), ref) < TOL[dtype]
 
 
+def test_sampling_compiles_once_at_warm_up() -> None:
+    """After warm_up, steps of any row count launch without compiling, with their temperatures
+    and keys at any alignment (slices of one packed buffer, as the sampler passes them): an odd
+    row count compiled a second variant mid-serving."""
+    from trtllm_gateway.engine.builtin.kernels import sampling
+
+    kernels = (sampling._sample_partial_kernel, sampling._sample_reduce_kernel)
+
+    def compiled() -> int:  # Triton's per-device caches: (kernels, keys, target, backend, binder)
+        return sum(len(c[0]) for fn in kernels for c in fn.device_caches.values())
+
+    vocab = 49152
+    sampling.warm_up(vocab, torch.device(CUDA))
+    before = compiled()
+    for rows in (1, 2, 3, 7, 8, 255, 256):
+        for shift in (0, 8):  # byte offsets of the packed buffer in a ring (8-byte aligned)
+            logits = torch.randn(rows, vocab, device=CUDA)
+            packed = torch.zeros(shift + 12 * rows, dtype=torch.uint8, device=CUDA)[shift:]
+            temps = packed[8 * rows :].view(torch.float32)
+            keys = packed[: 8 * rows].view(torch.int64)
+            temps[::2] = 0.7  # a few sampled rows among greedy ones
+            out = sampling.sample(logits, temps, keys)
+            greedy = temps == 0
+            assert torch.equal(out[greedy], logits.argmax(-1)[greedy])
+    assert compiled() == before, "a sampling launch compiled a new kernel variant"
+
+
 def test_sampling_greedy_seeded_and_distribution() -> None:
     from trtllm_gateway.engine.builtin.kernels.sampling import row_key, sample
 

@@ -15,7 +15,12 @@ import triton.language as tl
 from trtllm_gateway.engine.builtin.sample_keys import row_key as row_key
 
 
-@triton.jit
+# The temperatures and keys are slices of one packed buffer (sampler._draw_on_device): at an odd
+# row count, or at a pinned ring's offset, they are not 16-byte aligned, and Triton compiled a
+# second variant for that the first time it happened mid-serving (~0.2 s of the core's thread,
+# py-spy of a 135M core on an H200, 2026-11-29). They are read once a program: no alignment to
+# gain from.
+@triton.jit(do_not_specialize_on_alignment=["temps_ptr", "keys_ptr"])
 def _sample_partial_kernel(
     logits_ptr,
     stride,
@@ -96,3 +101,11 @@ def sample(logits: torch.Tensor, temps: torch.Tensor, keys: torch.Tensor) -> tor
             vals, idxs, out, PARTS=parts, P_PAD=max(2, triton.next_power_of_2(parts)), num_warps=1
         )
     return out
+
+
+def warm_up(vocab: int, device: torch.device) -> None:
+    """Compile both kernels for this vocabulary when the engine starts, not in the first
+    request's step. Temperatures and keys at any alignment then launch the same variant."""
+    logits = torch.zeros((1, vocab), dtype=torch.float32, device=device)
+    packed = torch.zeros(12, dtype=torch.uint8, device=device)
+    sample(logits, packed[8:].view(torch.float32), packed[:8].view(torch.int64))
