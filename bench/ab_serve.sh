@@ -18,6 +18,8 @@
 # CORE_CPUS=own: the engine core pinned to the first physical core (with its hyperthreads), every
 # other server process and the load generator to the rest, once it serves.
 # serve flags for one side only (BASE=. with NEW_ARGS="--kv-cache-dtype fp8": a flag's A/B).
+# CLIENT (aiohttp or httpx, default aiohttp): bench.serve's HTTP client; BASE_CLIENT the base
+# side's (BASE=. BASE_CLIENT=httpx: the load generator's own A/B on one tree).
 set -u
 BASE=${BASE:-.basetree}
 ROUNDS=${ROUNDS:-2}
@@ -42,8 +44,8 @@ if [[ "${SERVER_CPUS:-}" == half ]]; then
 fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
-one() {  # one TREE NAME COUNT [FLAGS]: serve from TREE, load it from this tree, print a JSON line
-  local tree=$1 name=$2 count=$3 extra=${4:-} servers=()
+one() {  # one TREE NAME COUNT [FLAGS [CLIENT]]: serve from TREE, load it from this tree, a JSON line
+  local tree=$1 name=$2 count=$3 extra=${4:-} loadgen=${5:-aiohttp} servers=()
   [[ "$count" == auto ]] || servers=(--api-server-count "$count")
   local pin_server=() pin_client=()
   [[ -z "${SERVER_CPUS:-}" ]] || pin_server=(taskset -c "$SERVER_CPUS")
@@ -56,7 +58,7 @@ one() {  # one TREE NAME COUNT [FLAGS]: serve from TREE, load it from this tree,
   python3 -c "from bench.serve import wait_ready; wait_ready('$URL', 300)" || {
     echo "{\"run\": \"$name\", \"error\": \"no start\"}"; kill $server; wait $server; return; }
   timeout 300 "${pin_client[@]}" python3 -m bench.serve --base-url $URL --num-prompts "$NUM" \
-    --input-len "$LEN" --output-len "$LEN" --max-concurrency 256 --workers "${WORKERS:-8}" > "$OUT/ab/serve_$name.json" \
+    --input-len "$LEN" --output-len "$LEN" --max-concurrency 256 --workers "${WORKERS:-8}" --client "$loadgen" > "$OUT/ab/serve_$name.json" \
     2> "$OUT/ab/serve_$name.err" &
   local client=$!
   if [[ -n "${CORE_CPUS:-}" ]]; then  # every server process but the core off the core's CPUs
@@ -98,6 +100,7 @@ s = summary(d / f"samples_{name}.jsonl")
 log = (d / f"server_{name}.log").read_text(errors="replace").splitlines()
 clock = [line.split("thread: ", 1)[-1] for line in log if " steps (" in line]
 print(json.dumps({"run": name, "tree": tree, "output_tok_s": round(r["output_throughput"]),
+                  "client_cpu_pct": s.get("client_cpu"),
                   "ok": r["completed"], "failed": r["failed"],
                   "core_main_pct": s.get("core_main"), "core_cpu_pct": s.get("core_cpu"),
                   "api_main_pct": s.get("api_main"),
@@ -107,8 +110,8 @@ EOF
 
 for r in $(seq "$ROUNDS"); do
   [[ -n "${NEW_ONLY:-}" ]] || one "$BASE" "base$r" "$BASE_API_SERVERS" "${BASE_ARGS:-}" \
-    | tee -a "$OUT/ab/runs.jsonl"
-  one . "new$r" "$API_SERVERS" "${NEW_ARGS:-}" | tee -a "$OUT/ab/runs.jsonl"
+    "${BASE_CLIENT:-${CLIENT:-aiohttp}}" | tee -a "$OUT/ab/runs.jsonl"
+  one . "new$r" "$API_SERVERS" "${NEW_ARGS:-}" "${CLIENT:-aiohttp}" | tee -a "$OUT/ab/runs.jsonl"
 done
 python3 - "$OUT/ab/runs.jsonl" <<'EOF'
 import json, statistics, sys

@@ -1,0 +1,72 @@
+"""bench.serve's two HTTP clients read the same event stream the same way: chunks, TTFT and gaps,
+usage, a mid-stream error, and a refused request."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from bench.serve import worker_main
+
+CHUNKS = 5
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    if body.get("max_tokens") == 0:
+        return web.json_response({"error": {"message": "max_tokens"}}, status=400)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for i in range(CHUNKS):
+        chunk = {"choices": [{"index": 0, "text": f"t{i}"}]}
+        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await asyncio.sleep(0.002)
+    if body.get("fail"):
+        await resp.write(b'data: {"error": {"message": "engine failed"}}\n\n')
+        return resp
+    usage = {"choices": [], "usage": {"completion_tokens": CHUNKS, "prompt_tokens": 3}}
+    await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+    return resp
+
+
+async def _run(client: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    app = web.Application()
+    app.router.add_post("/v1/completions", _completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    job = {
+        "base_url": f"http://127.0.0.1:{port}",
+        "endpoint": "/v1/completions",
+        "client": client,
+        "concurrency": 2,
+        "start_at": 0.0,
+        "requests": [(0.0, b) for b in bodies],
+    }
+    try:
+        return await worker_main(job, itertools.count().__next__)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_clients_read_streams_alike(client: str) -> None:
+    bodies = [{"max_tokens": 5}, {"max_tokens": 5, "fail": True}, {"max_tokens": 0}]
+    results = asyncio.run(_run(client, bodies * 2))
+    assert len(results) == 6
+    ok = [r for r in results if r["ok"]]
+    assert len(ok) == 2
+    for r in ok:
+        assert r["output_tokens"] == CHUNKS and r["prompt_tokens"] == 3
+        assert len(r["itl"]) == CHUNKS - 1 and all(g > 0 for g in r["itl"])
+        assert 0 < r["ttft"] <= r["latency"] and r["end"] - r["start"] == r["latency"]
+    errors = sorted(r["error"] for r in results if not r["ok"])
+    assert [e.startswith("HTTP 400") for e in errors].count(True) == 2
+    assert errors.count("{'message': 'engine failed'}") == 2
