@@ -14,7 +14,8 @@ the servers then force their exit). The servers lead process groups of their own
 Ctrl-C reaches them once, through here. A server or the core that exits on its own stops
 everything: the status is the first failure's (3 the engine died, 4 startup timeout, else 1), and
 0 after a drain. No process, socket or file outlives the supervisor: an orphaned core removes the
-run directory, and a server whose supervisor is gone exits.
+run directory, and a server whose supervisor is gone exits; a run directory of a process group
+killed all at once is removed by the next gateway's start (engine/transport/run_dir.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from types import FrameType
 
@@ -35,9 +35,9 @@ from trtllm_gateway.app.server import ENGINE_DIED_EXIT, STARTUP_TIMEOUT_EXIT
 from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.config.server import ServerConfig
 from trtllm_gateway.engine.factory import launch_shared_core
+from trtllm_gateway.engine.transport import run_dir
 from trtllm_gateway.engine.transport.attach import Attachment, client_addresses
 from trtllm_gateway.engine.transport.launch import Launcher
-from trtllm_gateway.engine.transport.loop import SOCKET_DIR_PREFIX
 from trtllm_gateway.web.shared_counts import SharedCounts
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def supervise(config: GatewayConfig) -> int:
     except OSError as exc:
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 1
-    folder = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
+    folder = run_dir.make()
     try:
         return Supervisor(config, sock, folder).run()
     finally:

@@ -26,7 +26,7 @@ class Attachment:
 
 
 def client_addresses(folder: str, count: int) -> tuple[Addresses, ...]:
-    """Each client's ipc:// addresses in one directory (the core's SOCKET_DIR_PREFIX one, which
+    """Each client's ipc:// addresses in one directory (the core's run directory, run_dir.py, which
     an orphaned core removes)."""
     return tuple(
         Addresses(f"ipc://{folder}/in-{i}", f"ipc://{folder}/out-{i}", f"ipc://{folder}/probe-{i}")

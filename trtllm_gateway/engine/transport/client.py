@@ -17,7 +17,6 @@ import contextlib
 import itertools
 import logging
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -44,10 +43,10 @@ from trtllm_gateway.engine.protocol import (
     TokenEvent,
 )
 from trtllm_gateway.engine.transport import messages as m
-from trtllm_gateway.engine.transport import shm_blob
+from trtllm_gateway.engine.transport import run_dir, shm_blob
 from trtllm_gateway.engine.transport.image_body import images_body
 from trtllm_gateway.engine.transport.launch import Launcher
-from trtllm_gateway.engine.transport.loop import SOCKET_DIR_PREFIX, Addresses
+from trtllm_gateway.engine.transport.loop import Addresses
 from trtllm_gateway.engine.transport.stream import follow, prefill_result
 
 logger = logging.getLogger(__name__)
@@ -435,7 +434,7 @@ class CoreClient:
 
     def _own_addresses(self) -> Addresses:
         if self.launcher.transport == "ipc":
-            self._dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)
+            self._dir = run_dir.make()
             base = f"ipc://{self._dir}/"
         else:
             base = f"inproc://core-{id(self)}-"

@@ -26,7 +26,7 @@ from typing import Protocol
 import zmq
 
 from trtllm_gateway.engine.transport import messages as m
-from trtllm_gateway.engine.transport import shm_blob
+from trtllm_gateway.engine.transport import run_dir, shm_blob
 from trtllm_gateway.engine.transport.pipes import ManyPipes, OnePipe, Pipes
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,6 @@ logger = logging.getLogger(__name__)
 PROBE_POLL_MS = 200
 SHARED_KEPT = 256  # recent shared memory segments a core cleans up if it dies with them out
 PARENT_GONE = 1  # the exit status when the gateway died without a Stop
-SOCKET_DIR_PREFIX = "gateway-core-"  # the client's ipc:// directory under the temp dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +203,7 @@ def _remove_socket_dir(addrs: Addresses) -> None:
     folders = {os.path.dirname(p) for p in paths}
     if len(folders) == 1:
         folder = folders.pop()
-        if os.path.basename(folder).startswith(SOCKET_DIR_PREFIX):
+        if os.path.basename(folder).startswith(run_dir.PREFIX):
             shutil.rmtree(folder, ignore_errors=True)
 
 
