@@ -91,7 +91,7 @@ one() {  # one TREE NAME COUNT [FLAGS [CLIENT]]: serve from TREE, load it from t
   kill $sampler $server; wait $sampler $server 2>/dev/null
   for _ in $(seq 60); do [[ -z "$kids" ]] || ! kill -0 $kids 2>/dev/null && break; sleep 0.5; done
   python3 - "$name" "$tree" "$OUT/ab" <<'EOF'
-import json, sys
+import json, re, sys
 from pathlib import Path
 from bench.proc_sample import summary
 name, tree, d = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -99,11 +99,15 @@ r = json.loads((d / f"serve_{name}.json").read_text())
 s = summary(d / f"samples_{name}.jsonl")
 log = (d / f"server_{name}.log").read_text(errors="replace").splitlines()
 clock = [line.split("thread: ", 1)[-1] for line in log if " steps (" in line]
+# StepClock's "every step: decode N steps, X sequences ...": how full the decode steps ran
+full = re.search(r"every step: .*?decode (\d+) steps, ([\d.]+) sequences", clock[-1] if clock else "")
 print(json.dumps({"run": name, "tree": tree, "output_tok_s": round(r["output_throughput"]),
                   "client_cpu_pct": s.get("client_cpu"),
                   "ok": r["completed"], "failed": r["failed"],
                   "core_main_pct": s.get("core_main"), "core_cpu_pct": s.get("core_cpu"),
                   "api_main_pct": s.get("api_main"),
+                  "decode_steps": int(full[1]) if full else None,
+                  "seqs_a_decode_step": float(full[2]) if full else None,
                   "step_clock": clock[-1] if clock else None}))
 EOF
 }
