@@ -296,7 +296,10 @@ def decode_attention(
     if heads is None:
         heads = takes_all_heads(hq, q.dtype, k_cache, v_cache, page)
     if words and heads:
-        rows, cols_a, cols_b = all_heads.layout(hq, hk, dim, heads == "pad") or (0, 0, 0)
+        shape_heads = all_heads.layout(hq, hk, dim, heads == "pad")
+        if shape_heads is None:
+            raise ValueError(f"decode_attention_heads does not take {hq} / {hk} heads of {dim}")
+        rows, cols_a, cols_b = shape_heads
         block_n, warps, stages = config or ALL_HEADS_CONFIG
         all_heads._decode_heads_kernel[(bsz, num_splits)](
             *args[:11], args[12], *args[14:],  # no head strides: heads contiguous
