@@ -225,8 +225,8 @@ def test_rms_norm_and_silu(dtype: torch.dtype) -> None:
     assert rel_err(silu_mul(gu), ref) < TOL[dtype]
 
 
-def test_sampling_compiles_once_at_warm_up() -> None:
-    """After warm_up, steps of any row count launch without compiling, with their temperatures
+def test_sampling_compiles_once_at_engine_start() -> None:
+    """After compile_for, steps of any row count launch without compiling, with their temperatures
     and keys at any alignment (slices of one packed buffer, as the sampler passes them): an odd
     row count compiled a second variant mid-serving."""
     from trtllm_gateway.engine.builtin.kernels import sampling
@@ -237,7 +237,7 @@ def test_sampling_compiles_once_at_warm_up() -> None:
         return sum(len(c[0]) for fn in kernels for c in fn.device_caches.values())
 
     vocab = 49152
-    sampling.warm_up(vocab, torch.device(CUDA))
+    sampling.compile_for(vocab, torch.device(CUDA))
     before = compiled()
     for rows in (1, 2, 3, 7, 8, 255, 256):
         for shift in (0, 8):  # byte offsets of the packed buffer in a ring (8-byte aligned)

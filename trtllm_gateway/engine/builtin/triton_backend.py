@@ -66,7 +66,7 @@ class TritonBackend:
         self.all_heads = takes_all_heads(model.cfg.num_heads, dtype, *kv_caches[0], page)
         # Eager steps pick their split count per step: compile every variant now, not mid-serving.
         warm_up(*kv_caches[0], model.cfg.num_heads, dtype, page)
-        sampling.warm_up(model.lm_head.weight.shape[0], device)
+        sampling.compile_for(model.lm_head.weight.shape[0], device)
         # One token past max_model_len: at depth 1 a stopped sequence computes one wasted token.
         max_blocks = -(-(max_model_len + 1) // page)
         self.graphs: DecodeGraphs | None = None

@@ -103,7 +103,7 @@ def sample(logits: torch.Tensor, temps: torch.Tensor, keys: torch.Tensor) -> tor
     return out
 
 
-def warm_up(vocab: int, device: torch.device) -> None:
+def compile_for(vocab: int, device: torch.device) -> None:
     """Compile both kernels for this vocabulary when the engine starts, not in the first
     request's step. Temperatures and keys at any alignment then launch the same variant."""
     logits = torch.zeros((1, vocab), dtype=torch.float32, device=device)
