@@ -51,7 +51,42 @@ def kernel_table(prof: Any, steps: int, top: int) -> dict[str, Any]:
         }
         for name, (us, n) in sorted(totals.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
     ]
-    return {"gpu_busy_ms_per_step": busy_us / steps / 1e3, "kernels": rows}
+    return {
+        "gpu_busy_ms_per_step": busy_us / steps / 1e3,
+        "kernels": rows,
+        "idle": idle(prof, steps),
+    }
+
+
+def idle(prof: Any, steps: int, long_us: float = 20.0) -> dict[str, Any]:
+    """Where the GPU sat idle in the window: the gaps between its kernels and copies (merged),
+    per step, and the long ones (> long_us) by the kernel each came after."""
+    spans = sorted(
+        (ev.time_range.start, ev.time_range.end, ev.name)
+        for ev in prof.events()
+        if str(getattr(ev, "device_type", "")) == "DeviceType.CUDA"
+    )
+    gaps: list[tuple[float, str]] = []
+    end, last = None, ""
+    for start, stop, name in spans:
+        if end is not None and start > end:
+            gaps.append((start - end, last))
+        if end is None or stop > end:
+            end, last = stop, name
+    after: dict[str, list[float]] = {}
+    for us, name in gaps:
+        if us > long_us:
+            after.setdefault(name[:80], []).append(us)
+    return {
+        "idle_ms_per_step": sum(us for us, _ in gaps) / steps / 1e3,
+        "gaps_per_step": len(gaps) / steps,
+        "long_gaps_per_step": sum(len(v) for v in after.values()) / steps,
+        "long_gap_ms_per_step": sum(sum(v) for v in after.values()) / steps / 1e3,
+        "long_gaps_after": {
+            k: {"n": len(v), "median_us": statistics.median(v)}
+            for k, v in sorted(after.items(), key=lambda kv: -sum(kv[1]))[:8]
+        },
+    }
 
 
 def add_all(core: EngineCore, args: argparse.Namespace) -> None:

@@ -6,6 +6,7 @@ Relative error ||out - ref|| / ||ref||: float32 < 1e-5, bfloat16 < 1e-2.
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -237,11 +238,14 @@ def test_sampling_compiles_once_at_engine_start() -> None:
         return sum(len(c[0]) for fn in kernels for c in fn.device_caches.values())
 
     vocab = 49152
-    sampling.compile_for(vocab, torch.device(CUDA))
+    # float32 (eager steps) and bf16 (a decode graph's logits), as TritonBackend compiles them
+    sampling.compile_for(vocab, torch.device(CUDA), (torch.float32, torch.bfloat16))
     before = compiled()
-    for rows in (1, 2, 3, 7, 8, 255, 256):
+    for rows, dtype in itertools.product(
+        (1, 2, 3, 7, 8, 255, 256), (torch.float32, torch.bfloat16)
+    ):
         for shift in (0, 8):  # byte offsets of the packed buffer in a ring (8-byte aligned)
-            logits = torch.randn(rows, vocab, device=CUDA)
+            logits = torch.randn(rows, vocab, device=CUDA).to(dtype)
             packed = torch.zeros(shift + 12 * rows, dtype=torch.uint8, device=CUDA)[shift:]
             temps = packed[8 * rows :].view(torch.float32)
             keys = packed[: 8 * rows].view(torch.int64)
@@ -250,6 +254,19 @@ def test_sampling_compiles_once_at_engine_start() -> None:
             greedy = temps == 0
             assert torch.equal(out[greedy], logits.argmax(-1)[greedy])
     assert compiled() == before, "a sampling launch compiled a new kernel variant"
+
+
+def test_sampling_16_bit_logits_draws_what_their_float_copy_draws() -> None:
+    """A decode graph's logits stay in the model's dtype (cuda_graph.py): the kernel reads them
+    as float32, so greedy and seeded rows draw exactly the tokens their float copy gives."""
+    from trtllm_gateway.engine.builtin.kernels.sampling import row_key, sample
+
+    logits = (4 * torch.randn(64, 49152, device=CUDA)).to(torch.bfloat16)
+    temps = torch.tensor([0.0, 0.7, 1.0, 1.3] * 16, device=CUDA)
+    keys = torch.tensor([row_key(i, 3) for i in range(64)], device=CUDA)
+    got = sample(logits, temps, keys)
+    assert torch.equal(got, sample(logits.float(), temps, keys))
+    assert torch.equal(got[temps == 0], logits.float().argmax(-1)[temps == 0])
 
 
 def test_sampling_greedy_seeded_and_distribution() -> None:

@@ -186,3 +186,45 @@ def test_a_bad_row_fails_alone() -> None:
     bad, good = sample(logits, seqs)
     assert bad.error == "constraint failed: no token fits the grammar"
     assert good.error is None and good.token_id == 1
+
+
+@pytest.mark.parametrize(
+    ("sp", "widened"),
+    [
+        (SamplingParams(temperature=0.0), False),  # greedy: the argmax of 16-bit logits
+        (SamplingParams(temperature=0.8), False),  # temperature alone: a plain draw
+        (SamplingParams(temperature=0.8, top_p=0.9), True),  # a filter
+        (SamplingParams(temperature=0.8, top_k=3), True),
+        (SamplingParams(temperature=0.0, logprobs=2), True),  # logprobs read them
+        (SamplingParams(temperature=0.0, repetition_penalty=1.2), True),  # an adjustment
+    ],
+)
+def test_16_bit_logits_are_widened_only_for_rows_that_adjust_or_read_them(
+    sp: SamplingParams, widened: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode graph hands the sampler its logits in the model's dtype (cuda_graph.py): rows
+    that only draw take them as they are; any row that filters, adjusts or reads them for
+    logprobs makes the step widen them to float first, as an eager step's are. A plain greedy
+    row beside such a row draws from the widened logits too, the same argmax."""
+    from trtllm_gateway.engine.builtin import sampler as sampler_mod
+
+    seen: list[torch.dtype] = []
+    draw = sampler_mod._draw_on_host
+
+    def spy(logits: torch.Tensor, seqs: list[Sequence], failed: dict[int, str]) -> torch.Tensor:
+        seen.append(logits.dtype)
+        return draw(logits, seqs, failed)
+
+    monkeypatch.setattr(sampler_mod, "_draw_on_host", spy)
+    logits = torch.tensor([[0.1, 2.0, 0.3, 1.9, 0, 0, 0, 0]] * 2).to(torch.bfloat16)
+    seqs = [_seq(SamplingParams(temperature=0.0)), _seq(sp)]
+    for seq in seqs:
+        seq.settle()
+    results = Sampler((EOS,)).sample(logits, seqs).resolve()
+    assert seen == [torch.float32 if widened else torch.bfloat16]
+    assert results[0].token_id == 1
+    if sp.logprobs is not None:
+        lp = results[1].logprob
+        assert lp is not None and lp.logprob == pytest.approx(
+            float(torch.log_softmax(logits[1].float(), -1)[lp.token_id])
+        )

@@ -56,7 +56,11 @@ class DecodeGraphs:
         self.packed[2 * n : 3 * n] = -1  # slots: padding rows write no KV
         self.prev = torch.zeros(n, dtype=torch.long, device=dev)  # placeholders' ids
         self.block_tables = self.packed[INPUTS * n :].view(n, max_blocks)
-        self.logits = torch.zeros((n, model.cfg.vocab_size), dtype=torch.float32, device=dev)
+        # In the model's dtype, written by the lm_head's GEMM itself: its float copy and the
+        # copy of that into this buffer were 61 us of a 2.38 ms step (135M at 256 running,
+        # H200, 2026-11-29); the sampling kernel reads 16-bit logits as they are.
+        w = model.lm_head.weight
+        self.logits = torch.zeros((n, model.cfg.vocab_size), dtype=w.dtype, device=dev)
         from trtllm_gateway.engine.builtin.kernels.decode_attention import (  # Triton
             choose_splits,
             takes_all_heads,
@@ -115,7 +119,7 @@ class DecodeGraphs:
             decode_splits=self.splits[b],
         )
         hidden = self.model(ids, p[n : n + b].long(), self.kv_caches, meta)
-        self.logits[:b].copy_(self.model.compute_logits(hidden))
+        self.model.logits_into(hidden, self.logits[:b])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -137,6 +141,6 @@ class DecodeGraphs:
 
     def replay(self, b: int) -> torch.Tensor:
         """Inputs for the first b rows must already be in `packed` (and `prev`). Returns
-        logits[:b]."""
+        logits[:b], in the model's dtype."""
         self.graphs[b].replay()
         return self.logits[:b]

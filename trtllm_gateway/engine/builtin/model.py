@@ -274,6 +274,11 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
+    def logits_into(self, hidden: torch.Tensor, out: torch.Tensor) -> None:
+        """The lm_head's logits written by its GEMM into out, in the model's dtype: no float
+        copy (the decode graph's; the sampler widens them only for a row that needs it)."""
+        torch.mm(hidden, self.lm_head.weight.t(), out=out)
+
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors, fusing q/k/v and gate/up into the packed projections."""

@@ -206,13 +206,18 @@ class Sampler:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
-        """logits: [len(seqs), vocab] float32, one row per sequence that samples this step.
+        """logits: [len(seqs), vocab] float32 (or a decode graph's 16-bit logits), one row per
+        sequence that samples this step.
 
         Rows with penalties, bias, constraints, min_tokens or top-k/top-p/min-p are adjusted
         first (penalties and constraints read seq.token_ids, so the step pipeline resolves
         placeholders before such steps). A failed row samples from zeroed logits (token 0, a
         valid id for a step already scheduled behind it) and resolves to its error.
         """
+        if logits.dtype != torch.float32 and not all(s.draws_raw for s in seqs):
+            # A decode graph's 16-bit logits: adjusted, filtered or read for logprobs in float,
+            # as eager steps' are (compute_logits); rows that only draw read them as they are.
+            logits = logits.float()
         want_lp = any(s.sampling.logprobs is not None for s in seqs if not s.plain)
         raw_lp = logits.log_softmax(-1) if want_lp else None
         failed, internal = self.prepare(logits, seqs)

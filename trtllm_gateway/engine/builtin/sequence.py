@@ -79,6 +79,8 @@ class Sequence:
     # min_tokens): the per-row checks of a step skip it. Set by settle() at admission, when
     # all of those are known; False (every check made) until then.
     plain: bool = field(default=False, init=False, repr=False, compare=False)
+    # Plain, and its draw needs nothing but a temperature (settle()).
+    draws_raw: bool = field(default=False, init=False, repr=False, compare=False)
     # Outcomes' per-token fast path (set by Outcomes once a plain row's first event is out):
     # a token in stop_ids ends it, and so does reaching end_len tokens.
     streaming: bool = field(default=False, init=False, repr=False, compare=False)
@@ -105,6 +107,11 @@ class Sequence:
             or sp.min_tokens > 0
             or sp.logprobs is not None
             or sp.prompt_logprobs is not None
+        )
+        # Drawn from the model's logits in their own dtype: nothing adjusts or filters them
+        # (Sampler.sample widens 16-bit logits to float for a step with any other row).
+        self.draws_raw = self.plain and (
+            self.greedy or not (sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0)
         )
 
     @classmethod

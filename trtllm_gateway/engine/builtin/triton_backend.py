@@ -66,7 +66,9 @@ class TritonBackend:
         self.all_heads = takes_all_heads(model.cfg.num_heads, dtype, *kv_caches[0], page)
         # Eager steps pick their split count per step: compile every variant now, not mid-serving.
         warm_up(*kv_caches[0], model.cfg.num_heads, dtype, page)
-        sampling.compile_for(model.lm_head.weight.shape[0], device)
+        # float32 logits from eager steps, the model's dtype from the decode graphs
+        head = model.lm_head.weight
+        sampling.compile_for(head.shape[0], device, (torch.float32, head.dtype))
         # One token past max_model_len: at depth 1 a stopped sequence computes one wasted token.
         max_blocks = -(-(max_model_len + 1) // page)
         self.graphs: DecodeGraphs | None = None

@@ -75,7 +75,8 @@ CHUNK = 8192
 
 
 def sample(logits: torch.Tensor, temps: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """logits: [R, V] float32; temps: [R] (0 = greedy); keys: [R] int64. Returns [R] int64.
+    """logits: [R, V] float32, or bf16 / fp16 (read as float32: the same draws as from their
+    float copy); temps: [R] (0 = greedy); keys: [R] int64. Returns [R] int64.
 
     Each row is split over ceil(V / 8192) programs, so a batch of one still fills many SMs.
     """
@@ -103,9 +104,13 @@ def sample(logits: torch.Tensor, temps: torch.Tensor, keys: torch.Tensor) -> tor
     return out
 
 
-def compile_for(vocab: int, device: torch.device) -> None:
-    """Compile both kernels for this vocabulary when the engine starts, not in the first
-    request's step. Temperatures and keys at any alignment then launch the same variant."""
-    logits = torch.zeros((1, vocab), dtype=torch.float32, device=device)
+def compile_for(
+    vocab: int, device: torch.device, dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+) -> None:
+    """Compile both kernels for this vocabulary and each logits dtype when the engine starts,
+    not in the first request's step. Temperatures and keys at any alignment then launch the
+    same variant."""
     packed = torch.zeros(12, dtype=torch.uint8, device=device)
-    sample(logits, packed[8:].view(torch.float32), packed[:8].view(torch.int64))
+    for dtype in dict.fromkeys(dtypes):
+        logits = torch.zeros((1, vocab), dtype=dtype, device=device)
+        sample(logits, packed[8:].view(torch.float32), packed[:8].view(torch.int64))
