@@ -73,6 +73,7 @@ class _Reading:
             return False
         data = line[5:].strip()
         if data == "[DONE]":
+            self.out["closed"] = time.perf_counter()
             return True
         chunk = json.loads(data)
         now = time.perf_counter()
@@ -298,6 +299,10 @@ def metrics(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
         (r["latency"] - r["ttft"]) / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1
     ]
     itl = [x for r in ok for x in r["itl"]]
+    # The lanes' requests side by side: how many were open on average (of the concurrency
+    # cap), and how long a stream stayed open after its last token ([DONE]).
+    open_s = sum(r.get("closed", r["end"]) - r["start"] for r in ok)
+    close = [(r["closed"] - r["end"]) * 1e3 for r in ok if "closed" in r]
     chunks = len(itl) + len(ok)  # streamed chunks with choices: the first of each, then one per gap
     ms = 1e3
     return {
@@ -322,6 +327,8 @@ def metrics(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
         "tpot_ms": summarize([t * ms for t in tpots]),
         "itl_ms": summarize([x * ms for x in itl]),
         "e2el_ms": summarize([r["latency"] * ms for r in ok]),
+        "open_requests_mean": open_s / duration,
+        "close_ms": summarize(close),
     }
 
 

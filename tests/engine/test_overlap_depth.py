@@ -22,6 +22,7 @@ import torch
 
 from tests.engine.conftest import EngineFactory, collect, greedy
 from tests.in_thread import thread_core
+from trtllm_gateway.engine.builtin.sampler import Draws
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.logits.processor import ExtraArgs, LogitsProcessor, Row
 from trtllm_gateway.engine.protocol import (
@@ -41,12 +42,15 @@ class Counting:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.depth = inner.depth
+        self.takes_draws = inner.takes_draws
         self.kv_caches = inner.kv_caches
         self.placeholders = 0
 
-    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, batch: StepBatch, prev: torch.Tensor | None, draws: Draws | None = None
+    ) -> torch.Tensor:
         self.placeholders += int((batch.token_ids < 0).sum())
-        out: torch.Tensor = self.inner.forward(batch, prev)
+        out: torch.Tensor = self.inner.forward(batch, prev, draws)
         return out
 
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from trtllm_gateway.engine.builtin.sampler import Sampler, SampleResult
+from trtllm_gateway.engine.builtin.sampler import Draws, Sampler, SampleResult
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.protocol import SamplingParams
 
@@ -228,3 +229,39 @@ def test_16_bit_logits_are_widened_only_for_rows_that_adjust_or_read_them(
         assert lp is not None and lp.logprob == pytest.approx(
             float(torch.log_softmax(logits[1].float(), -1)[lp.token_id])
         )
+
+
+def test_draws_pack_each_rows_key_and_temperature_when_every_row_draws_raw() -> None:
+    """Sampler.draws: what a decode graph samples with (cuda_graph.py). Keys are the request
+    seed hashed with its output step, as the eager launch computes them; a greedy row's are
+    zeros; a step of greedy rows only packs nothing; a row that filters or adjusts its logits
+    (top-p, a penalty) or reads them (logprobs) leaves the step to the sampler: no Draws."""
+    from trtllm_gateway.engine.builtin.sample_keys import row_key
+
+    sampler = Sampler((EOS,))
+    greedy, hot = SamplingParams(temperature=0.0), SamplingParams(temperature=0.7)
+    seqs = [_seq(greedy), _seq(hot, seed=3, output=(1, 2)), _seq(greedy), _seq(hot, seed=9)]
+    for seq in seqs:
+        seq.settle()
+    draws = sampler.draws(seqs)
+    assert draws is not None and draws.packed is not None and draws.ids is None
+    n = len(seqs)
+    keys = draws.packed[: 8 * n].view(np.int64).tolist()
+    temps = draws.packed[8 * n :].view(np.float32).tolist()
+    assert temps == [0.0, pytest.approx(0.7), 0.0, pytest.approx(0.7)]
+    assert keys == [0, row_key(seqs[1].seed, 2), 0, row_key(seqs[3].seed, 0)]
+    assert seqs[1].seed == 3 and seqs[3].seed == 9
+
+    only_greedy = [_seq(greedy), _seq(greedy)]
+    for seq in only_greedy:
+        seq.settle()
+    assert sampler.draws(only_greedy) == Draws(None)
+
+    for other in (
+        SamplingParams(temperature=0.7, top_p=0.9),
+        SamplingParams(temperature=0.0, logprobs=1),
+        SamplingParams(temperature=0.0, presence_penalty=0.5),
+    ):
+        row = _seq(other)
+        row.settle()
+        assert sampler.draws([*only_greedy, row]) is None

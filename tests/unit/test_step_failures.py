@@ -25,7 +25,7 @@ from tests.unit.test_stepper import (
     seq_for,
     tiny_model,
 )
-from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler
+from trtllm_gateway.engine.builtin.sampler import Draws, PendingSample, Sampler
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.step_failure import is_fatal
@@ -42,13 +42,16 @@ class FailOnce:
         self.bad = bad
         self.raised = 0
         self.depth = inner.depth
+        self.takes_draws = inner.takes_draws
         self.kv_caches = inner.kv_caches
 
-    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, batch: StepBatch, prev: torch.Tensor | None, draws: Draws | None = None
+    ) -> torch.Tensor:
         if not self.raised and any(c.seq.request_id == self.bad for c in batch.chunks):
             self.raised += 1
             raise self.error
-        out: torch.Tensor = self.inner.forward(batch, prev)
+        out: torch.Tensor = self.inner.forward(batch, prev, draws)
         return out
 
 
@@ -70,12 +73,14 @@ class SamplerFailsOnce(Sampler):
         self.where = where
         self.raised = 0
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+    def sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], draws: Draws | None = None
+    ) -> PendingSample:
         hit = not self.raised and any(s.request_id == "bad" for s in seqs)
         self.raised += hit
         if hit and self.where == "sample":
             raise self.error
-        pending = Sampler.sample(self, logits, seqs)
+        pending = Sampler.sample(self, logits, seqs, draws)
         if hit:
             return RaisingPending(pending.token_ids, pending.host, pending.ready, error=self.error)
         return pending

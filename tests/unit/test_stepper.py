@@ -19,7 +19,7 @@ from trtllm_gateway.config.engine import EngineConfig
 from trtllm_gateway.engine.builtin.backend import Backend
 from trtllm_gateway.engine.builtin.loader import LoadedModel, load
 from trtllm_gateway.engine.builtin.outcomes import Emitted
-from trtllm_gateway.engine.builtin.sampler import Sampler
+from trtllm_gateway.engine.builtin.sampler import Draws, Sampler
 from trtllm_gateway.engine.builtin.scheduler import Scheduler
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
@@ -68,12 +68,15 @@ class Recording:
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
         self.depth = inner.depth
+        self.takes_draws = inner.takes_draws
         self.kv_caches = inner.kv_caches
         self.batches: list[StepBatch] = []
 
-    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, batch: StepBatch, prev: torch.Tensor | None, draws: Draws | None = None
+    ) -> torch.Tensor:
         self.batches.append(batch)
-        return self.inner.forward(batch, prev)
+        return self.inner.forward(batch, prev, draws)
 
     @property
     def placeholders_seen(self) -> int:

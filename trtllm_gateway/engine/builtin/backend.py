@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 
 from trtllm_gateway.engine.builtin.model import LlamaModel
-from trtllm_gateway.engine.builtin.sampler import logprob_entry
+from trtllm_gateway.engine.builtin.sampler import Draws, logprob_entry
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 
 KvCaches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -24,12 +24,19 @@ class Backend(Protocol):
     # Steps the host resolves behind the device by default (pipeline.py): 1 where the device
     # runs a step while the host prepares the next one, 0 where the host computes it.
     depth: int
+    # It can sample a step's rows itself, given their Draws before the forward (sampler.py).
+    takes_draws: bool
 
-    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
-        """The logits [len(batch.sample_rows), vocab] float32 of the batch's sampled rows.
+    def forward(
+        self, batch: StepBatch, prev: torch.Tensor | None, draws: Draws | None = None
+    ) -> torch.Tensor:
+        """The logits [len(batch.sample_rows), vocab] of the batch's sampled rows: float32, or
+        the model's dtype from a decode graph.
 
         prev: the previous step's sampled ids on the device, for placeholders -(r + 1); None
-        when the batch has none. Prompt logprobs of the batch's chunks are filled in on the way.
+        when the batch has none. draws: the step's Draws (every row draws straight from the
+        logits), which a backend that samples inside its forward fills in (draws.ids). Prompt
+        logprobs of the batch's chunks are filled in on the way.
         """
         ...
 

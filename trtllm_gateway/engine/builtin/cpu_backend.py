@@ -24,12 +24,14 @@ from trtllm_gateway.engine.builtin.backend import (
     resolve_placeholders,
 )
 from trtllm_gateway.engine.builtin.model import LlamaModel
+from trtllm_gateway.engine.builtin.sampler import Draws
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.vision.placeholders import merge_images
 
 
 class CpuBackend:
     depth = 0
+    takes_draws = False  # each row draws from its own generator (sampler._draw_on_host)
 
     def __init__(
         self, model: LlamaModel, kv_caches: KvCaches, block_size: int, device: torch.device
@@ -41,7 +43,9 @@ class CpuBackend:
         self._offsets = torch.arange(block_size, device=device)
 
     @torch.inference_mode()
-    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, batch: StepBatch, prev: torch.Tensor | None, draws: Draws | None = None
+    ) -> torch.Tensor:
         # The batch's int64 arrays as tensors without a copy (read only: the placeholders
         # resolve into a new tensor).
         ids = torch.from_numpy(batch.token_ids)

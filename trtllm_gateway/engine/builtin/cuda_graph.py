@@ -5,10 +5,12 @@ place by two device copies: token ids, positions, slots, context lengths (n each
 bucket) and the block tables [n, max_blocks] (written at the step's own width). The graph widens
 what needs int64 and swaps each placeholder -(r + 1) for row r of `prev` (the previous step's
 sampled ids, copied in on the device), so a replay is one upload, three device copies and the
-graph, not a dozen launches (issue 39, item 2). A batch is padded to the next captured
-size with rows that write no KV (slot -1) and attend to nothing (context 0). Graphs are captured
-largest first into one memory pool. The split-KV count of each bucket is fixed at capture time
-from the longest context.
+graph, not a dozen launches (issue 39, item 2). The graph ends by sampling every row (the
+sampling kernel, on the keys and temperatures set_draws put in place, zeros: greedy), so a step
+whose rows all draw straight from the logits launches nothing else. A batch is padded to the
+next captured size with rows that write no KV (slot -1) and attend to nothing (context 0).
+Graphs are captured largest first into one memory pool. The split-KV count of each bucket is
+fixed at capture time from the longest context.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
 from trtllm_gateway.engine.builtin.model import LlamaModel
+from trtllm_gateway.engine.builtin.pinned_ring import PinnedRing
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,12 @@ class DecodeGraphs:
         # H200, 2026-11-29); the sampling kernel reads 16-bit logits as they are.
         w = model.lm_head.weight
         self.logits = torch.zeros((n, model.cfg.vocab_size), dtype=w.dtype, device=dev)
+        # The sampling kernel's inputs (sampler.Draws: temperature 0 is greedy) and, by bucket,
+        # its ids, which live in the graphs' pool.
+        self.temps = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.keys = torch.zeros(n, dtype=torch.int64, device=dev)
+        self._drawing = False  # temps hold a sampled step's temperatures, not zeros
+        self._ids: dict[int, torch.Tensor] = {}
         from trtllm_gateway.engine.builtin.kernels.decode_attention import (  # Triton
             choose_splits,
             takes_all_heads,
@@ -108,6 +117,8 @@ class DecodeGraphs:
         self.block_tables[:b, :width].copy_(inputs[head:].view(b, width))
 
     def _step(self, b: int) -> None:
+        from trtllm_gateway.engine.builtin.kernels.sampling import sample  # Triton
+
         n, p = self.max_batch_size, self.packed
         raw = p[:b].long()
         ids = torch.where(raw < 0, self.prev[(-raw - 1).clamp(0, n - 1)], raw)
@@ -120,6 +131,7 @@ class DecodeGraphs:
         )
         hidden = self.model(ids, p[n : n + b].long(), self.kv_caches, meta)
         self.model.logits_into(hidden, self.logits[:b])
+        self._ids[b] = sample(self.logits[:b], self.temps[:b], self.keys[:b])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -138,6 +150,25 @@ class DecodeGraphs:
         logger.info(
             "captured %d decode graphs in %.1fs", len(self.graphs), time.perf_counter() - t0
         )
+
+    def set_draws(self, packed: np.ndarray | None, rows: int, ring: PinnedRing) -> None:
+        """The next replay's keys and temperatures for its first `rows` rows: sampler.Draws'
+        packed bytes (keys, then temperatures), or None for every row greedy (zeros). Rows
+        past them (a bucket's padding) sample whatever they hold: their ids are never read."""
+        if packed is None:
+            if self._drawing:
+                self.temps.zero_()
+                self._drawing = False
+            return
+        up = ring.upload(packed, torch.uint8)
+        self.keys[:rows].copy_(up[: 8 * rows].view(torch.int64))
+        self.temps[:rows].copy_(up[8 * rows :].view(torch.float32))
+        self._drawing = True
+
+    def sampled(self, b: int, rows: int) -> torch.Tensor:
+        """The ids the last replay of bucket b drew for its first `rows` rows (a view of the
+        graph's own buffer: valid, in stream order, until that bucket replays again)."""
+        return self._ids[b][:rows]
 
     def replay(self, b: int) -> torch.Tensor:
         """Inputs for the first b rows must already be in `packed` (and `prev`). Returns

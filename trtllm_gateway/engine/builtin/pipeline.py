@@ -1,6 +1,7 @@
 """StepPipeline: one engine step on every device: launch step N, then resolve the step `depth` back.
 
   schedule ─▶ StepBatch.build ─▶ backend.forward ─▶ sampler.sample ─▶ PendingSample   (launch)
+                                    (a decode graph may sample inside itself: sampler.Draws)
   resolve the step `depth` back: PendingSample.resolve ─▶ Outcomes (stop checks, events)
 
 depth 0 (CPU's default): a step is resolved as soon as it is launched. depth 1 (CUDA's): once step
@@ -126,13 +127,14 @@ class StepPipeline:
         kind = "decode" if batch.num_decodes == len(chunks) else "mixed"
         clock.size(kind, len(chunks), len(batch.token_ids))
         prev = self.inflight.pending.token_ids if self.inflight is not None else None
-        logits = self.backend.forward(batch, prev)
-        clock.lap("forward")
-        if not batch.sample_seqs:
-            return None
         seqs = list(batch.sample_seqs)
+        draws = self.sampler.draws(seqs) if seqs and self.backend.takes_draws else None
+        logits = self.backend.forward(batch, prev, draws)
+        clock.lap("forward")
+        if not seqs:
+            return None
         history = any(_reads_history(s) for s in seqs if not s.plain)
-        launched = _Launched(seqs, self.sampler.sample(logits, seqs), history)
+        launched = _Launched(seqs, self.sampler.sample(logits, seqs, draws), history)
         clock.lap("sample")
         return launched
 

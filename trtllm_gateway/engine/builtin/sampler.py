@@ -16,6 +16,13 @@ resolved when it is made. On CUDA one Triton kernel samples the whole batch (gre
 Gumbel-max) with Philox noise keyed by (request seed, output step), and the ids reach the host by
 one non-blocking copy that resolve() waits for. Either way a seeded request samples the same
 tokens whatever else shares the batch.
+
+A step whose rows all draw straight from the model's logits (Sequence.draws_raw: most steps of
+most servers) gets its Draws before the forward: the kernel's keys and temperatures. A decode
+graph that samples inside itself (cuda_graph.py) takes them and leaves the ids in Draws.ids;
+sample() then only copies them down. That saves the two kernel launches from Python, ~80 us
+each on a busy serving host (docs/benchmarks.md), and the step's sampling is the same kernel
+on the same inputs either way.
 """
 
 from __future__ import annotations
@@ -113,6 +120,16 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tor
 
 
 @dataclass(slots=True)
+class Draws:
+    """A step's draws when every row takes the model's logits as they are: the sampling
+    kernel's keys [0, 8n) and temperatures [8n, 12n) packed as bytes (None: every row greedy,
+    all zeros). A backend that sampled the rows itself sets ids ([n] int64 on its device)."""
+
+    packed: np.ndarray | None
+    ids: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
 class PendingSample:
     """One step's sampled ids: on CUDA on their way to a pinned host buffer, on CPU already there.
 
@@ -204,17 +221,30 @@ class Sampler:
             apply_bitmask(logits, mask, None if len(rows) == len(seqs) else rows)
         return failed, internal
 
+    def draws(self, seqs: list[Sequence] | tuple[Sequence, ...]) -> Draws | None:
+        """The step's Draws when every row draws straight from the logits, else None."""
+        if not all(s.draws_raw for s in seqs):
+            return None
+        drawn = [i for i, s in enumerate(seqs) if not s.greedy]
+        return Draws(_draw_inputs(seqs, drawn) if drawn else None)
+
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+    def sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], draws: Draws | None = None
+    ) -> PendingSample:
         """logits: [len(seqs), vocab] float32 (or a decode graph's 16-bit logits), one row per
-        sequence that samples this step.
+        sequence that samples this step. draws: the step's Draws (Sampler.draws) if it has
+        them; when the backend sampled the rows (draws.ids), they are only copied down.
 
         Rows with penalties, bias, constraints, min_tokens or top-k/top-p/min-p are adjusted
         first (penalties and constraints read seq.token_ids, so the step pipeline resolves
         placeholders before such steps). A failed row samples from zeroed logits (token 0, a
         valid id for a step already scheduled behind it) and resolves to its error.
         """
-        if logits.dtype != torch.float32 and not all(s.draws_raw for s in seqs):
+        if draws is not None and draws.ids is not None:
+            ready = torch.cuda.Event(blocking=BLOCKING_WAIT)  # type: ignore[no-untyped-call]
+            return PendingSample(draws.ids, self._down.download(draws.ids, ready), ready)
+        if logits.dtype != torch.float32 and draws is None and not all(s.draws_raw for s in seqs):
             # A decode graph's 16-bit logits: adjusted, filtered or read for logprobs in float,
             # as eager steps' are (compute_logits); rows that only draw read them as they are.
             logits = logits.float()
@@ -225,7 +255,8 @@ class Sampler:
         if logits.is_cuda:
             if self._up is None or self._up.device != logits.device:
                 self._up = PinnedRing(logits.device)
-            token_ids = _draw_on_device(logits, seqs, failed, self._up, self._zeros_of)
+            packed = draws.packed if draws is not None else None
+            token_ids = _draw_on_device(logits, seqs, failed, self._up, self._zeros_of, packed)
             ready = torch.cuda.Event(blocking=BLOCKING_WAIT)  # type: ignore[no-untyped-call]
             host = self._down.download(token_ids, ready)
             return PendingSample(token_ids, host, ready, raw_lp, ks, failed, internal)
@@ -249,6 +280,7 @@ def _draw_on_device(
     failed: dict[int, str],
     ring: PinnedRing,
     zeros: Callable[[int, torch.device], torch.Tensor],
+    packed: np.ndarray | None = None,
 ) -> torch.Tensor:
     """CUDA: every row in one kernel (greedy or Gumbel-max), Philox noise keyed by (seed, step).
     A step whose rows are all greedy uploads nothing: its temperatures and keys are zeros kept
@@ -257,8 +289,14 @@ def _draw_on_device(
     from trtllm_gateway.engine.builtin.kernels.sampling import sample
 
     n = len(seqs)
-    drawn = [i for i, seq in enumerate(seqs) if not seq.greedy and i not in failed]
-    if drawn:
+    drawn = (
+        []
+        if packed is not None
+        else [i for i, seq in enumerate(seqs) if not seq.greedy and i not in failed]
+    )
+    if packed is not None:  # the step's Draws: every row takes the logits as they are
+        dev = ring.upload(packed, torch.uint8)
+    elif drawn:
         dev = ring.upload(_packed_inputs(logits, seqs, drawn), torch.uint8)
     else:
         dev = zeros(12 * n, logits.device)
@@ -269,21 +307,26 @@ def _packed_inputs(logits: torch.Tensor, seqs: list[Sequence], drawn: list[int])
     """The sampled rows' keys and temperatures in one buffer, for one upload: keys [0, 8n)
     bytes, temperatures after; a greedy row's are zeros (its key is never read). A row with
     top-k / top-p / min-p has its logits filtered here and samples at temperature 1."""
-    n = len(seqs)
-    packed = np.zeros(12 * n, dtype=np.uint8)
-    keys = packed[: 8 * n].view(np.int64)
-    temps = packed[8 * n :].view(np.float32)
+    packed = _draw_inputs(seqs, drawn)
+    temps = packed[8 * len(seqs) :].view(np.float32)
     for i in drawn:
         sp = seqs[i].sampling
-        temps[i] = sp.temperature
         if sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0:
             logits[i] = _filter(logits[i] / sp.temperature, sp.top_k, sp.top_p, sp.min_p)
             temps[i] = 1.0
-    seeds = np.fromiter((seqs[i].seed for i in drawn), np.uint64, len(drawn))
-    steps = np.fromiter(
-        (len(seqs[i].token_ids) - seqs[i].prompt_len for i in drawn), np.uint64, len(drawn)
-    )
-    keys[drawn] = row_keys(seeds, steps)
+    return packed
+
+
+def _draw_inputs(seqs: list[Sequence] | tuple[Sequence, ...], drawn: list[int]) -> np.ndarray:
+    """The drawn rows' keys (the request seed hashed with its output step) and temperatures
+    packed for one upload: keys [0, 8n) bytes, temperatures after; a greedy row's are zeros."""
+    n = len(seqs)
+    packed = np.zeros(12 * n, dtype=np.uint8)
+    rows = [seqs[i] for i in drawn]
+    packed[8 * n :].view(np.float32)[drawn] = [s.sampling.temperature for s in rows]
+    seeds = np.fromiter((s.seed for s in rows), np.uint64, len(rows))
+    steps = np.fromiter((len(s.token_ids) - s.prompt_len for s in rows), np.uint64, len(rows))
+    packed[: 8 * n].view(np.int64)[drawn] = row_keys(seeds, steps)
     return packed
 
 

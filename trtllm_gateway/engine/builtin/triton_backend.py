@@ -8,7 +8,8 @@ a captured batch size replays a CUDA graph of the whole step (cuda_graph.py); an
 included (step_graph.py), or, past its 32 prompt chunks, the graphs between its attentions,
 which then run eagerly (piecewise_graph.py); the rest (images, prompt logprobs, tiny or huge
 steps) runs eagerly. The GPU runs a step while the host resolves the one before: the default
-overlap depth is 1 (pipeline.py).
+overlap depth is 1 (pipeline.py). A decode graph samples too: a step whose rows all draw straight
+from the logits (sampler.Draws) gets its ids from the graph, with no kernel launched from Python.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from trtllm_gateway.engine.builtin.kernels.prefill_attention import BLOCK_M, pre
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.piecewise_graph import MIN_TOKENS, PiecewiseGraphs
 from trtllm_gateway.engine.builtin.pinned_ring import PinnedRing
+from trtllm_gateway.engine.builtin.sampler import Draws
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.step_graph import StepGraphs
 from trtllm_gateway.engine.builtin.vision.placeholders import merge_images
@@ -72,6 +74,7 @@ class TritonBackend:
         # One token past max_model_len: at depth 1 a stopped sequence computes one wasted token.
         max_blocks = -(-(max_model_len + 1) // page)
         self.graphs: DecodeGraphs | None = None
+        self.takes_draws = cuda_graphs
         if cuda_graphs:
             self.graphs = DecodeGraphs(
                 model, kv_caches, min(max_batch_size, 512), max_blocks, max_model_len + 1, page
@@ -95,7 +98,9 @@ class TritonBackend:
         return self._staging.upload(data, dtype)
 
     @torch.inference_mode()
-    def forward(self, batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, batch: StepBatch, prev: torch.Tensor | None, draws: Draws | None = None
+    ) -> torch.Tensor:
         nd = batch.num_decodes
         rows = batch.sample_rows
         g = self.graphs
@@ -112,6 +117,12 @@ class TritonBackend:
             and not batch.prompt_logprobs
             and not batch.images
         ):
+            # The graph samples every row it runs: its ids are the step's when each row samples.
+            if draws is not None and len(rows) == nd:
+                g.set_draws(draws.packed, nd, self._staging)
+                logits = self._replay(g, bucket, batch, prev)
+                draws.ids = g.sampled(bucket, nd)
+                return logits
             logits = self._replay(g, bucket, batch, prev)
             if len(rows) != nd:
                 logits = logits[self._up(rows, torch.long)]
