@@ -18,6 +18,7 @@ from tests.configs import builtin_config
 from tests.gpu.test_greedy_equivalence import shape_file
 from tests.in_thread import thread_core
 from trtllm_gateway.engine.builtin.core_launch import core_client
+from trtllm_gateway.engine.builtin.sampler import Draws
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.step_graph import PREFILLS, StepGraphs
 from trtllm_gateway.engine.protocol import GenerateRequest, SamplingParams
@@ -33,9 +34,11 @@ def _check_against_pieces(backend: Any, steps: list[tuple[int, str]], wrong: lis
     differed (the test asserts on it: an exception here would stop the engine's core)."""
     forward, whole, pw = backend.forward, backend.whole, backend.pieces
 
-    def checked(batch: StepBatch, prev: torch.Tensor | None) -> torch.Tensor:
+    def checked(
+        batch: StepBatch, prev: torch.Tensor | None, draws: Draws | None = None
+    ) -> torch.Tensor:
         before, pieces_before = whole.replays, pw.replays
-        out = forward(batch, prev)
+        out = forward(batch, prev, draws)
         chunks = len(batch.prefill_q_lens)
         if whole.replays > before:
             try:
