@@ -6,7 +6,8 @@ step whose rows all draw straight from the logits takes the graph's ids), once w
 told not to take Draws (every step's ids come from sampler.sample's launch). Greedy rows and
 seeded rows at a temperature, a row with logprobs (its steps are not drawn in the graph: their
 16-bit logits are widened and sampled by the sampler), and sampled rows that end first, so later
-all-greedy steps must find the graph's temperatures zeroed again. Both dtypes: bf16 logits are
+all-greedy steps must find the graph's temperatures zeroed again; a prompt that arrives mid-run
+makes a mixed step read the ids a graph drew. Both dtypes: bf16 logits are
 the graph's own (no float copy), float32 the fallback.
 """
 
@@ -57,6 +58,13 @@ def workload(logprobs: bool) -> list[Sequence]:
     return [seq_for(f"r{i}", p, sp(i)) for i, p in enumerate(PROMPTS)]
 
 
+def late() -> dict[int, list[Sequence]]:
+    """A prompt that arrives at step 5, while the graph draws the decodes: its step is a mixed
+    one, whose placeholders read the ids the graph drew the step before."""
+    sp = SamplingParams(max_tokens=9, temperature=0.9, seed=5, ignore_eos=True)
+    return {5: [seq_for("late", PROMPTS[1][::-1], sp)]}
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("logprobs", [False, True])
 def test_the_graph_draws_the_samplers_tokens(tmp_path: Path, dtype: str, logprobs: bool) -> None:
@@ -66,7 +74,7 @@ def test_the_graph_draws_the_samplers_tokens(tmp_path: Path, dtype: str, logprob
         runner = CountingDraws(st.pipeline.backend)
         runner.takes_draws = takes_draws
         st.pipeline.backend = runner
-        out = outcome(run_all(st, workload(logprobs)))
+        out = outcome(run_all(st, workload(logprobs), late=late()))
         decodes = sum(b.num_decodes == len(b.chunks) for b in runner.batches)
         return out, runner.drawn, decodes
 
@@ -78,4 +86,4 @@ def test_the_graph_draws_the_samplers_tokens(tmp_path: Path, dtype: str, logprob
     assert drawn > 0
     assert (drawn == decodes) != logprobs
     lens = {rid: len(toks) for rid, (toks, _) in served.items()}
-    assert lens == {"r0": 6, "r1": 25, "r2": 8, "r3": 27}
+    assert lens == {"r0": 6, "r1": 25, "r2": 8, "r3": 27, "late": 9}

@@ -105,12 +105,22 @@ def seq_for(request_id: str, prompt: list[int], sp: SamplingParams) -> Sequence:
     return Sequence.from_request(req, torch.Generator().manual_seed(0))
 
 
-def run_all(st: Stepper, seqs: list[Sequence], max_steps: int = 400) -> dict[str, list[TokenEvent]]:
+def run_all(
+    st: Stepper,
+    seqs: list[Sequence],
+    max_steps: int = 400,
+    late: dict[int, list[Sequence]] | None = None,
+) -> dict[str, list[TokenEvent]]:
+    """Every sequence to its end; late: more added before the step of that index."""
+    late = late or {}
     out: dict[str, list[TokenEvent]] = {s.request_id: [] for s in seqs}
+    out.update({s.request_id: [] for more in late.values() for s in more})
     for s in seqs:
         st.add(s)
-    for _ in range(max_steps):
-        if not st.scheduler.has_work():
+    for step in range(max_steps):
+        for s in late.pop(step, []):
+            st.add(s)
+        if not st.scheduler.has_work() and not late:
             break
         for request_id, ev in st.step():
             assert isinstance(ev, TokenEvent), ev
