@@ -31,15 +31,33 @@ from trtllm_gateway.engine.kv_events.log import (
 _PACKERS: dict[int, struct.Struct] = {}
 
 
-def block_hash(prev: bytes, tokens: Seq[int], extra: bytes = b"") -> bytes:
-    """BLAKE3 of the parent's hash, the tokens as little-endian uint32 and the extra key (the
-    three in one buffer: the same digest as three updates, for less work a block)."""
+def _pack(tokens: Seq[int]) -> bytes:
+    """The tokens as little-endian uint32 (raises on an id outside uint32)."""
     n = len(tokens)
     packer = _PACKERS.get(n)
     if packer is None:
         packer = _PACKERS[n] = struct.Struct(f"<{n}I")
-    # packer.pack raises on an id outside uint32.
-    return blake3(b"".join((prev, packer.pack(*tokens), extra))).digest(length=16)
+    return packer.pack(*tokens)
+
+
+def block_hash(prev: bytes, tokens: Seq[int], extra: bytes = b"") -> bytes:
+    """BLAKE3 of the parent's hash, the tokens as little-endian uint32 and the extra key (the
+    three in one buffer: the same digest as three updates, for less work a block)."""
+    return blake3(b"".join((prev, _pack(tokens), extra))).digest(length=16)
+
+
+def block_hashes(prev: bytes, tokens: Seq[int], block_size: int, extra: bytes = b"") -> list[bytes]:
+    """block_hash of each whole block of tokens in turn, each chained to the one before (the
+    first to prev): the tokens packed once, not a block at a time (a 1,024-token prompt's 64
+    blocks at admission)."""
+    n = len(tokens) // block_size
+    packed = memoryview(_pack(tokens[: n * block_size]))
+    width = 4 * block_size
+    out = []
+    for i in range(n):
+        prev = blake3(b"".join((prev, packed[i * width : (i + 1) * width], extra))).digest(16)
+        out.append(prev)
+    return out
 
 
 class BlockManager:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import add
 
-from trtllm_gateway.engine.builtin.block_manager import BlockManager, block_hash
+from trtllm_gateway.engine.builtin.block_manager import BlockManager, block_hashes
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
 from trtllm_gateway.engine.kv_events.log import MmSpan
 
@@ -182,21 +182,16 @@ class Scheduler:
 
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
         bs = self.blocks.block_size
-        hashes: list[bytes] = []
-        prev = b""
-        for i in range((len(token_ids) - 1) // bs):
-            prev = block_hash(prev, token_ids[i * bs : (i + 1) * bs])
-            hashes.append(prev)
+        hashes = block_hashes(b"", token_ids[: (len(token_ids) - 1) // bs * bs], bs)
         return len(self.blocks.match_prefix(hashes)) * bs
 
     def _extend_hashes(self, seq: Sequence, upto_tokens: int) -> None:
         bs = self.blocks.block_size
-        while (len(seq.block_hashes) + 1) * bs <= upto_tokens:
-            i = len(seq.block_hashes)
-            prev = seq.block_hashes[-1] if seq.block_hashes else b""
-            seq.block_hashes.append(
-                block_hash(prev, seq.token_ids[i * bs : (i + 1) * bs], seq.extra_key)
-            )
+        hashes = seq.block_hashes
+        start, end = len(hashes) * bs, upto_tokens // bs * bs
+        if end > start:
+            prev = hashes[-1] if hashes else b""
+            hashes += block_hashes(prev, seq.token_ids[start:end], bs, seq.extra_key)
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         need = self.blocks.blocks_needed(num_tokens) - len(seq.block_table)
