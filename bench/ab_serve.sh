@@ -20,6 +20,8 @@
 # serve flags for one side only (BASE=. with NEW_ARGS="--kv-cache-dtype fp8": a flag's A/B).
 # CLIENT (aiohttp or httpx, default aiohttp): bench.serve's HTTP client; BASE_CLIENT the base
 # side's (BASE=. BASE_CLIENT=httpx: the load generator's own A/B on one tree).
+# Each run's steady_chunks_s: chunks a second while every lane was busy (bench.serve's `steady`,
+# the run's ramp and drain left out); the pairs' ratios of it are printed beside output_tok_s's.
 set -u
 BASE=${BASE:-.basetree}
 ROUNDS=${ROUNDS:-2}
@@ -101,7 +103,9 @@ log = (d / f"server_{name}.log").read_text(errors="replace").splitlines()
 clock = [line.split("thread: ", 1)[-1] for line in log if " steps (" in line]
 # StepClock's "every step: decode N steps, X sequences ...": how full the decode steps ran
 full = re.search(r"every step: .*?decode (\d+) steps, ([\d.]+) sequences", clock[-1] if clock else "")
+steady = r.get("steady") or {}  # chunks a second while every lane was busy (bench.serve)
 print(json.dumps({"run": name, "tree": tree, "output_tok_s": round(r["output_throughput"]),
+                  "steady_chunks_s": round(steady["chunk_throughput"]) if steady else None,
                   "client_cpu_pct": s.get("client_cpu"),
                   "ok": r["completed"], "failed": r["failed"],
                   "core_main_pct": s.get("core_main"), "core_cpu_pct": s.get("core_cpu"),
@@ -120,10 +124,11 @@ done
 python3 - "$OUT/ab/runs.jsonl" <<'EOF'
 import json, statistics, sys
 runs = [json.loads(line) for line in open(sys.argv[1])]
-tok = {r["run"]: r.get("output_tok_s") for r in runs}
-ratios = [tok[f"new{i}"] / tok[f"base{i}"] for i in range(1, len(runs) // 2 + 1)
-          if tok.get(f"new{i}") and tok.get(f"base{i}")]
-if ratios:
-    print(f"new / base: median {statistics.median(ratios):.3f}, "
-          f"range {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} pairs")
+for key in ("output_tok_s", "steady_chunks_s"):
+    tok = {r["run"]: r.get(key) for r in runs}
+    ratios = [tok[f"new{i}"] / tok[f"base{i}"] for i in range(1, len(runs) // 2 + 1)
+              if tok.get(f"new{i}") and tok.get(f"base{i}")]
+    if ratios:
+        print(f"new / base, {key}: median {statistics.median(ratios):.3f}, "
+              f"range {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} pairs")
 EOF

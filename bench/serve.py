@@ -289,6 +289,33 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return metrics(results, args)
 
 
+def steady(ok: list[dict[str, Any]], concurrency: int) -> dict[str, float] | None:
+    """Chunks a second while every lane is busy: from when the first `concurrency` requests all
+    have their first token to when the last request starts (after it, lanes only finish). A
+    run's start (its prompts' prefills) and drain (its last requests ending one by one, up to a
+    request's lifetime) are left out, which a short run's output_throughput is dominated by
+    (a 1,024-request run at 256 is four requests a lane). None when the window is empty."""
+    if len(ok) <= concurrency:
+        return None
+    by_start = sorted(ok, key=lambda r: r["start"])
+    t0 = max(r["start"] + r["ttft"] for r in by_start[:concurrency])
+    t1 = by_start[-1]["start"]
+    if t1 <= t0:
+        return None
+    chunks = 0
+    for r in ok:
+        t = r["start"] + r["ttft"]
+        chunks += t0 <= t <= t1
+        for gap in r["itl"]:
+            t += gap
+            chunks += t0 <= t <= t1
+    return {
+        "window_s": t1 - t0,
+        "from_s": t0 - by_start[0]["start"],
+        "chunk_throughput": chunks / (t1 - t0),
+    }
+
+
 def metrics(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     ok = [r for r in results if r["ok"]]
     failed = [r for r in results if not r["ok"]]
@@ -329,6 +356,7 @@ def metrics(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
         "e2el_ms": summarize([r["latency"] * ms for r in ok]),
         "open_requests_mean": open_s / duration,
         "close_ms": summarize(close),
+        "steady": steady(ok, args.max_concurrency or args.num_prompts),
     }
 
 

@@ -70,3 +70,25 @@ def test_clients_read_streams_alike(client: str) -> None:
     errors = sorted(r["error"] for r in results if not r["ok"])
     assert [e.startswith("HTTP 400") for e in errors].count(True) == 2
     assert errors.count("{'message': 'engine failed'}") == 2
+
+
+def test_steady_counts_the_chunks_while_every_lane_is_busy() -> None:
+    """bench.serve's `steady`: from when the first `concurrency` requests all have their first
+    token to when the last request starts; the run's ramp and drain are left out."""
+    from bench.serve import steady
+
+    def req(start: float, ttft: float, itl: list[float]) -> dict[str, Any]:
+        return {"start": start, "ttft": ttft, "itl": itl}
+
+    ok = [
+        req(0.0, 1.0, [1.0, 1.0, 1.0]),  # chunks at 1, 2, 3, 4
+        req(0.0, 2.0, [1.0, 1.0]),  # 2, 3, 4
+        req(4.0, 1.0, [1.0]),  # 5, 6
+        req(5.0, 1.0, []),  # 6: after the window
+    ]
+    got = steady(ok, 2)
+    assert got is not None
+    assert got["window_s"] == 3.0 and got["from_s"] == 2.0  # [2, 5]
+    assert got["chunk_throughput"] == pytest.approx(7 / 3)
+    assert steady(ok[:2], 2) is None  # no request waited for a lane: no steady window
+    assert steady([req(0.0, 9.0, []), req(0.0, 1.0, []), req(3.0, 1.0, [])], 2) is None
