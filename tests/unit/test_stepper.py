@@ -156,6 +156,22 @@ def test_overlap_gives_the_plain_steps_greedy_tokens(tmp_path: Path) -> None:
     assert {reason for _, reason in plain.values()} == {"length"}
 
 
+def test_a_prompt_arriving_mid_run_gets_the_same_tokens_at_both_depths(tmp_path: Path) -> None:
+    """run_all's `late`: a prompt added at step 5, while the others decode. At depth 1 its step
+    is a mixed one whose decode rows are placeholders for the step before's ids."""
+
+    def late() -> dict[int, list[Sequence]]:
+        return {5: [seq_for("late", PROMPTS[1][::-1], greedy(9))]}
+
+    plain = outcome(run_all(plain_stepper(tiny_model(tmp_path)), workload(), late=late()))
+    st, runner = overlapped_stepper(tiny_model(tmp_path))
+    overlapped = outcome(run_all(st, workload(), late=late()))
+    assert overlapped == plain
+    assert len(plain["late"][0]) == 9
+    mixed = [b for b in runner.batches if b.num_decodes and b.num_decodes < len(b.chunks)]
+    assert any((b.token_ids[: b.num_decodes] < 0).all() for b in mixed)
+
+
 def test_a_stop_token_ends_the_sequence_one_step_late_without_a_wasted_token(
     tmp_path: Path,
 ) -> None:
