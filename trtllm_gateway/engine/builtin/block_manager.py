@@ -40,10 +40,14 @@ def _pack(tokens: Seq[int]) -> bytes:
     return packer.pack(*tokens)
 
 
+def _digest(prev: bytes, packed: bytes | memoryview, extra: bytes) -> bytes:
+    """The three in one buffer: the same digest as three updates, for less work a block."""
+    return blake3(b"".join((prev, packed, extra))).digest(length=16)
+
+
 def block_hash(prev: bytes, tokens: Seq[int], extra: bytes = b"") -> bytes:
-    """BLAKE3 of the parent's hash, the tokens as little-endian uint32 and the extra key (the
-    three in one buffer: the same digest as three updates, for less work a block)."""
-    return blake3(b"".join((prev, _pack(tokens), extra))).digest(length=16)
+    """BLAKE3 of the parent's hash, the tokens as little-endian uint32 and the extra key."""
+    return _digest(prev, _pack(tokens), extra)
 
 
 def block_hashes(prev: bytes, tokens: Seq[int], block_size: int, extra: bytes = b"") -> list[bytes]:
@@ -55,7 +59,7 @@ def block_hashes(prev: bytes, tokens: Seq[int], block_size: int, extra: bytes = 
     width = 4 * block_size
     out = []
     for i in range(n):
-        prev = blake3(b"".join((prev, packed[i * width : (i + 1) * width], extra))).digest(16)
+        prev = _digest(prev, packed[i * width : (i + 1) * width], extra)
         out.append(prev)
     return out
 
