@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing as mp
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -75,8 +76,10 @@ async def _class_main(
 
 
 def _class_process(
-    urls: list[str], cls: MixClass, output_len: int, start_at: float, out: mp.Queue[Any]
+    urls: list[str], cls: MixClass, output_len: int, ready: threading.Barrier, out: mp.Queue[Any]
 ) -> None:
+    ready.wait()  # every class starts when the last process is up (bench/serve.py _spawned)
+    start_at = time.perf_counter()
     out.put((cls.name, asyncio.run(_class_main(urls, cls, output_len, start_at))))
 
 
@@ -86,10 +89,9 @@ def run_mix(
     """Every class at once, one client process each; per-request records by class."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    start_at = time.perf_counter() + 3.0  # spawned processes are up by then
+    ready = ctx.Barrier(len(classes))
     procs = [
-        ctx.Process(target=_class_process, args=(urls, c, output_len, start_at, out))
-        for c in classes
+        ctx.Process(target=_class_process, args=(urls, c, output_len, ready, out)) for c in classes
     ]
     for proc in procs:
         proc.start()

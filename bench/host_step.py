@@ -16,6 +16,7 @@ replay, the Triton sampler, depth 1); on the CPU the forward is computed and is 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import logging
 import statistics
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.offline import engine_config_from, random_prompts
-from bench.profile_step import add_all, one_iteration
+from bench.profile_step import add_all, host_rows, one_iteration
 from bench.profile_step import parser as step_parser
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
@@ -66,6 +67,19 @@ def parser() -> argparse.ArgumentParser:
         help="requests end after --output-len tokens and a new prompt of --input-len takes "
         "each one's place (a served run's joins, prefills and finishes), their starts staggered",
     )
+    p.add_argument(
+        "--shape",
+        choices=["tiny", "model"],
+        default="tiny",
+        help="tiny: the one-layer model, the host alone; model: --model's own shape (its "
+        "forward's launches and a mixed step's prefill are the real ones)",
+    )
+    p.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        help="N > 0: one more window under cProfile, its N functions of most self time a step",
+    )
     p.set_defaults(input_len=64, output_len=4096, max_model_len=4352, steps=60, load_format="dummy")
     return p
 
@@ -92,9 +106,10 @@ class _Timed:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
-        model = Path(d) / "tiny.json"
-        model.write_text(json.dumps(TINY))
-        args.model = str(model)
+        if args.shape == "tiny":
+            model = Path(d) / "tiny.json"
+            model.write_text(json.dumps(TINY))
+            args.model = str(model)
         core = EngineCore(BuiltinConfig(engine_config_from(args)))
         core.load(lambda _: None)
     settle_heap()
@@ -111,9 +126,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     clock.wrap(StepBatch, "build", "build")  # a classmethod: called on the class, bound
     counts: dict[str, int] = {}
     step = _churn(core, args, counts) if args.churn else partial(one_iteration, core, counts)
-    while args.churn and core._st.scheduler.waiting:  # the first prompts' prefills
-        step()
-    while len(counts) < args.running or min(counts.values()) < args.warm_tokens:
+    if args.churn:
+        # The first prompts' prefills, then --output-len steps: every first request has ended
+        # and the joins run at their steady rate (joining requests keep counts' minimum low).
+        while core._st.scheduler.waiting:
+            step()
+        for _ in range(args.output_len):
+            step()
+    while not args.churn and (
+        len(counts) < args.running or min(counts.values()) < args.warm_tokens
+    ):
         step()
     windows = []
     for _ in range(args.reps):
@@ -122,6 +144,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tokens = sum(step() for _ in range(args.steps))
         wall = time.perf_counter() - t
         windows.append((wall, tokens, dict(clock.spent)))
+    functions = None
+    if args.cprofile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.steps):
+            step()
+        prof.disable()
+        functions = host_rows(prof, args.steps, args.cprofile)
     on_cpu = core.steps_on_cpu
     windows.sort(key=lambda w: w[0] - (w[2].get("forward", 0.0) if on_cpu else 0.0))
     wall, tokens, spent = windows[len(windows) // 2]
@@ -137,6 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "step_ms_all": sorted(round(w[0] * per, 3) for w in windows),
         "median_of": len(windows),
         "step_ms_spread": round(statistics.pstdev(w[0] * per for w in windows), 3),
+        "functions_by_self_time": functions,
     }
 
 

@@ -19,7 +19,10 @@ import functools
 import itertools
 import json
 import multiprocessing as mp
+import pickle
 import random
+import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from multiprocessing.sharedctypes import Synchronized
@@ -191,7 +194,19 @@ def _claim_from(counter: Synchronized[int]) -> Callable[[], int]:
     return claim
 
 
-def _worker_process(job: dict[str, Any], counter: Synchronized[int], out: mp.Queue[Any]) -> None:
+def _worker_process(
+    job: dict[str, Any],
+    counter: Synchronized[int],
+    out: mp.Queue[Any],
+    ready: threading.Barrier,
+) -> None:
+    """One client process: its requests from the file the parent wrote (a process object a
+    pipe's buffer holds, so the parent's start() of the next process does not wait for this one
+    to come up), then the barrier, so that every process's lanes start together."""
+    with open(job.pop("requests_file"), "rb") as f:
+        job["requests"] = pickle.load(f)
+    ready.wait()
+    job["start_at"] = time.perf_counter()
     out.put(asyncio.run(worker_main(job, _claim_from(counter))))
 
 
@@ -261,7 +276,6 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     offsets = arrivals(args.num_prompts, args.request_rate, args.burstiness, args.seed)
     conc = args.max_concurrency or args.num_prompts
     workers = max(1, min(args.workers, conc))
-    start_at = time.perf_counter() + (0.5 if workers == 1 else 3.0)  # spawned clients start
     requests = [(offsets[i], request_body(args, model, prompts[i])) for i in range(len(prompts))]
     jobs = [
         {
@@ -269,24 +283,42 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "endpoint": endpoint,
             "client": args.client,
             "concurrency": len(range(w, conc, workers)),
-            "start_at": start_at,
-            "requests": requests,
         }
         for w in range(workers)
     ]
     if workers == 1:
-        results = _worker(jobs[0])
+        results = _worker({**jobs[0], "start_at": time.perf_counter(), "requests": requests})
     else:
-        ctx = mp.get_context("spawn")
-        counter = ctx.Value("q", 0)
-        out = ctx.Queue()
-        procs = [ctx.Process(target=_worker_process, args=(j, counter, out)) for j in jobs]
+        results = _spawned(jobs, requests)
+    return metrics(results, args)
+
+
+def _spawned(jobs: list[dict[str, Any]], requests: list[Any]) -> list[dict[str, Any]]:
+    """The jobs in client processes whose lanes all start at once. Until 2026-11-29 each
+    process got the requests in its arguments and a start time 3 s ahead: the parent's start()
+    waited for each spawned process to come up and read its ~5 MB, one after another, so a
+    16-process run's lanes came up over ~8 s (the engine ran 80 -> 256 requests over its first
+    8 s of 15), counted in its duration."""
+    ctx = mp.get_context("spawn")
+    counter = ctx.Value("q", 0)
+    out = ctx.Queue()
+    ready = ctx.Barrier(len(jobs))
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/requests.pickle"
+        with open(path, "wb") as f:
+            pickle.dump(requests, f, protocol=pickle.HIGHEST_PROTOCOL)
+        procs = [
+            ctx.Process(
+                target=_worker_process, args=({**j, "requests_file": path}, counter, out, ready)
+            )
+            for j in jobs
+        ]
         for proc in procs:
             proc.start()
         results = [r for _ in procs for r in out.get()]
-        for proc in procs:
-            proc.join()
-    return metrics(results, args)
+    for proc in procs:
+        proc.join()
+    return results
 
 
 def steady(ok: list[dict[str, Any]], concurrency: int) -> dict[str, float] | None:
@@ -314,6 +346,13 @@ def steady(ok: list[dict[str, Any]], concurrency: int) -> dict[str, float] | Non
         "from_s": t0 - by_start[0]["start"],
         "chunk_throughput": chunks / (t1 - t0),
     }
+
+
+def ramp(ok: list[dict[str, Any]], concurrency: int) -> float:
+    """Seconds from the first request's start to the start of the concurrency-th: how long the
+    client took to open every lane (near 0 with an unlimited rate)."""
+    starts = sorted(r["start"] for r in ok)[:concurrency]
+    return starts[-1] - starts[0] if starts else 0.0
 
 
 def metrics(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -355,6 +394,7 @@ def metrics(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
         "itl_ms": summarize([x * ms for x in itl]),
         "e2el_ms": summarize([r["latency"] * ms for r in ok]),
         "open_requests_mean": open_s / duration,
+        "ramp_s": ramp(ok, args.max_concurrency or args.num_prompts),
         "close_ms": summarize(close),
         "steady": steady(ok, args.max_concurrency or args.num_prompts),
     }

@@ -92,3 +92,34 @@ def test_steady_counts_the_chunks_while_every_lane_is_busy() -> None:
     assert got["chunk_throughput"] == pytest.approx(7 / 3)
     assert steady(ok[:2], 2) is None  # no request waited for a lane: no steady window
     assert steady([req(0.0, 9.0, []), req(0.0, 1.0, []), req(3.0, 1.0, [])], 2) is None
+
+
+def test_spawned_clients_open_their_lanes_together() -> None:
+    """Every client process's lanes start at one barrier: none waits for the processes spawned
+    before it to come up (which spread a 16-process run's start over ~8 s)."""
+    import threading
+
+    from bench.serve import _spawned, ramp
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/v1/completions", _completions)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        job = {"base_url": f"http://127.0.0.1:{port}", "endpoint": "/v1/completions"}
+        jobs = [{**job, "client": "aiohttp", "concurrency": 2} for _ in range(3)]
+        results = _spawned(jobs, [(0.0, {"max_tokens": 5})] * 9)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert len(results) == 9 and all(r["ok"] for r in results)
+    # Six lanes in three processes: the sixth request starts with the first, not a process's
+    # start-up (~0.5 s on a 2-core machine) after it.
+    assert ramp(results, 6) < 0.25
