@@ -87,10 +87,11 @@ def test_stream_matches_the_block_manager_after_a_scripted_run() -> None:
             continue
         ev = known[signed64(h)]
         assert ev.block_size == BS and ev.lora_id is None
-    first = [r.event for r in log.since(-1)[0] if isinstance(r.event, BlockStored)][:2]
-    assert first[0].parent_block_hash is None and first[0].token_ids == tuple(shared[:4])
-    assert first[1].parent_block_hash == first[0].block_hashes[0]
-    assert first[1].token_ids == tuple(shared[4:8])
+    # a's prompt filled three blocks in its first step: one event for the three (as vLLM's
+    # block pool publishes a request's new blocks), chained from no parent.
+    first = next(r.event for r in log.since(-1)[0] if isinstance(r.event, BlockStored))
+    assert first.parent_block_hash is None and len(first.block_hashes) == 3
+    assert first.token_ids == (*shared, 1, 2, 3, 4)
     # b found a's blocks: nothing stored twice for the shared prefix.
     stored = [
         h
@@ -101,6 +102,39 @@ def test_stream_matches_the_block_manager_after_a_scripted_run() -> None:
     assert len(stored) == len(set(stored))
     assert any(isinstance(r.event, BlockRemoved) for r in log.since(-1)[0])
     assert isinstance(log.since(-1)[0][0].event, AllBlocksCleared)
+
+
+def test_a_block_filled_by_a_decode_chains_to_the_prompts_last() -> None:
+    blocks = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
+    blocks.events = log = KvEventLog(BS, blocks.num_blocks)
+    _run(Scheduler(blocks, 4, 64), _seq("a", list(range(100, 110))), 7)
+    stored = [r.event for r in log.since(-1)[0] if isinstance(r.event, BlockStored)]
+    assert [len(ev.block_hashes) for ev in stored] == [2, 1, 1]
+    assert stored[0].parent_block_hash is None
+    assert stored[1].parent_block_hash == stored[0].block_hashes[-1]
+    assert stored[1].token_ids == (108, 109, 900, 901)
+    assert stored[2].parent_block_hash == stored[1].block_hashes[0]
+    assert stored[2].token_ids == (902, 903, 904, 905)
+    # The chain is the block manager's own: each hash is the block's chained hash.
+    assert [h for ev in stored for h in ev.block_hashes] == [
+        signed64(blocks.hash_of[b]) for b in range(4) if blocks.hash_of[b] is not None
+    ]
+
+
+def test_a_run_ends_at_a_block_another_holds() -> None:
+    """register_run over four blocks whose second hash another block already holds: that block
+    is not stored (its hash names the other one), so its neighbours are two events, the second
+    chained to the hash it skipped."""
+    blocks = BlockManager(num_blocks=8, block_size=2, enable_prefix_caching=True)
+    blocks.events = log = KvEventLog(2, blocks.num_blocks)
+    h = [bytes([i]) * 16 for i in range(4)]
+    blocks.register(7, h[1], h[0], (3, 4))
+    blocks.register_run([0, 1, 2, 3], h, None, list(range(1, 9)))
+    ev = [r.event for r in log.since(-1)[0]]
+    assert len(ev) == 3 and all(isinstance(e, BlockStored) for e in ev)
+    assert ev[1] == BlockStored((signed64(h[0]),), None, (1, 2), 2)
+    assert ev[2] == BlockStored((signed64(h[2]), signed64(h[3])), signed64(h[1]), (5, 6, 7, 8), 2)
+    assert blocks.cached[h[1]] == 7 and blocks.hash_of[1] == h[1]
 
 
 def test_no_events_without_prefix_caching() -> None:

@@ -193,22 +193,64 @@ class BlockManager:
         """A block just became full: make it findable by its chained hash (parent: the hash of
         the block before it, None for the first; tokens: its token ids, and mm: the images its
         hash covers, for the stored event)."""
-        if not self.caching or self.hash_of[block] is not None:
+        self.register_run((block,), (h,), parent, tokens, (mm,) if mm else ())
+
+    def register_run(
+        self,
+        blocks: Seq[int],
+        hashes: Seq[bytes],
+        parent: bytes | None,
+        tokens: Seq[int],
+        mm: Seq[tuple[MmSpan, ...]] = (),
+    ) -> None:
+        """Blocks of one sequence that just became full, in order, each hash chained to the one
+        before it (the first to parent): register each; tokens: block_size of them a block; mm:
+        each block's images, or () for a text prompt.
+
+        The stored event is one a run of blocks newly stored (vLLM's block pool and TensorRT-LLM
+        publish a request's new blocks together): a 1,024-token prompt is one event, not 64
+        (the engine thread built, and every API server decoded, one a block). A block already
+        registered, or whose hash another block holds, ends a run."""
+        if not self.caching:
             return
-        self.hash_of[block] = h
-        if self.cached.setdefault(h, block) == block and self.events is not None:
-            # Positional (BlockStored's field order): keywords cost more, a block a step each.
-            self.events.append(
-                BlockStored(
-                    (signed64(h),),
-                    None if parent is None else signed64(parent),
-                    tuple(tokens),
-                    self.block_size,
-                    None,
-                    self.dp_rank,
-                    (mm,) if mm else (),
-                )
+        hash_of, cached, events = self.hash_of, self.cached, self.events
+        run = 0  # the first block of the run of newly stored blocks being gathered
+        for i, (block, h) in enumerate(zip(blocks, hashes, strict=True)):
+            if hash_of[block] is None:
+                hash_of[block] = h
+                if cached.setdefault(h, block) == block:
+                    continue  # stored: the run goes on
+            if events is not None and i > run:
+                self._stored(hashes, run, i, parent, tokens, mm)
+            run = i + 1
+        if events is not None and len(blocks) > run:
+            self._stored(hashes, run, len(blocks), parent, tokens, mm)
+
+    def _stored(
+        self,
+        hashes: Seq[bytes],
+        lo: int,
+        hi: int,
+        parent: bytes | None,
+        tokens: Seq[int],
+        mm: Seq[tuple[MmSpan, ...]],
+    ) -> None:
+        """The event for hashes[lo:hi], newly stored."""
+        assert self.events is not None
+        bs = self.block_size
+        before = hashes[lo - 1] if lo else parent
+        # Positional (BlockStored's field order): keywords cost more.
+        self.events.append(
+            BlockStored(
+                tuple(map(signed64, hashes[lo:hi])),
+                None if before is None else signed64(before),
+                tuple(tokens[lo * bs : hi * bs]),
+                bs,
+                None,
+                self.dp_rank,
+                tuple(mm[lo:hi]) if any(mm[lo:hi]) else (),
             )
+        )
 
     def clear_cache(self) -> None:
         """Forget every cached hash (blocks in use keep their data, but no longer match)."""

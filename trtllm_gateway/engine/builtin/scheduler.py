@@ -230,16 +230,20 @@ class Scheduler:
             return
         bs = self.blocks.block_size
         self._extend_hashes(seq, seq.num_computed)
+        lo, hi = start // bs, seq.num_computed // bs
+        if hi <= lo:
+            return
         hashes, spans = seq.block_hashes, seq.mm_spans
-        mm: tuple[MmSpan, ...] = ()
-        for i in range(start // bs, seq.num_computed // bs):
-            parent = hashes[i - 1] if i else None
-            tokens = seq.token_ids[i * bs : (i + 1) * bs]
-            # Every block's hash mixes in all the request's images (seq.extra_key), so every
-            # block's event names them all, each at its offset from the block's first token.
-            if spans:
-                mm = tuple(MmSpan(h, pos - i * bs, n) for h, pos, n in spans)
-            self.blocks.register(seq.block_table[i], hashes[i], parent, tokens, mm)
+        # Every block's hash mixes in all the request's images (seq.extra_key), so every
+        # block's event names them all, each at its offset from the block's first token.
+        mm = [tuple(MmSpan(h, pos - i * bs, n) for h, pos, n in spans) for i in range(lo, hi)]
+        self.blocks.register_run(
+            seq.block_table[lo:hi],
+            hashes[lo:hi],
+            hashes[lo - 1] if lo else None,
+            seq.token_ids[lo * bs : hi * bs],
+            mm if spans else (),
+        )
 
     def finish(self, seq: Sequence, keep_blocks: bool = False) -> None:
         """Take a sequence out of the queues and release its blocks unless asked to keep them."""
