@@ -20,6 +20,7 @@ from trtllm_gateway.engine.builtin.sequence import Sequence
 
 _SPARE = 8  # columns beyond the widest row: the array grows once in 8 blocks, not once a block
 NO_ROWS = np.zeros((0, 1), dtype=np.int32)
+_NEW: list[int] = []  # the list a row new to the array was "written from": no table is it
 
 
 def padded(tables: list[np.ndarray], spare: int = 0) -> np.ndarray:
@@ -49,15 +50,29 @@ class DecodeTables:
         tables = [s.block_table for s in seqs]
         lens = [len(t) for t in tables]
         if len(seqs) != len(self._seqs) or not all(map(is_, seqs, self._seqs)):
-            self._build(seqs, tables, lens)
+            self._rows_moved(seqs, tables, lens)
         elif lens != self._lens or not all(map(is_, tables, self._lists)):
             self._update(tables, lens)
         return self._arr[: len(seqs), : self._width].copy()
 
-    def _build(self, seqs: list[Sequence], tables: list[list[int]], lens: list[int]) -> None:
-        self._arr = padded([s.block_table_array() for s in seqs], _SPARE)
-        self._seqs, self._lists, self._lens = list(seqs), tables, lens
-        self._width = max(max(lens, default=1), 1)
+    def _rows_moved(self, seqs: list[Sequence], tables: list[list[int]], lens: list[int]) -> None:
+        """Rows joined, left or moved: a row kept takes its old contents to its new place (one
+        gather), and only the rows new to the array are written (in a served run's mixed steps
+        a few sequences join and leave a step: rebuilding all 256 rows was ~0.3 ms of each)."""
+        old = {id(s): i for i, s in enumerate(self._seqs)}
+        src = [old.get(id(s), -1) for s in seqs]
+        if not seqs or src.count(-1) * 2 > len(seqs):
+            self._arr = padded([s.block_table_array() for s in seqs], _SPARE)
+            self._seqs, self._lists, self._lens = list(seqs), tables, lens
+            self._width = max(max(lens, default=1), 1)
+            return
+        self._arr = self._arr[np.maximum(np.asarray(src), 0)]
+        self._seqs = list(seqs)
+        # A new row's old list and length match nothing: _update writes the whole row.
+        old_lists, old_lens = self._lists, self._lens
+        self._lists = [old_lists[i] if i >= 0 else _NEW for i in src]
+        self._lens = [old_lens[i] if i >= 0 else -1 for i in src]
+        self._update(tables, lens)
 
     def _update(self, tables: list[list[int]], lens: list[int]) -> None:
         old_lists, old_lens = self._lists, self._lens
