@@ -192,8 +192,24 @@ class BlockManager:
     ) -> None:
         """A block just became full: make it findable by its chained hash (parent: the hash of
         the block before it, None for the first; tokens: its token ids, and mm: the images its
-        hash covers, for the stored event)."""
-        self.register_run((block,), (h,), parent, tokens, (mm,) if mm else ())
+        hash covers, for the stored event): register_run's one-block case, the decodes' (a
+        block a sequence in block_size steps) at a call less."""
+        if not self.caching or self.hash_of[block] is not None:
+            return
+        self.hash_of[block] = h
+        if self.cached.setdefault(h, block) == block and self.events is not None:
+            # Positional (BlockStored's field order): keywords cost more.
+            self.events.append(
+                BlockStored(
+                    (signed64(h),),
+                    None if parent is None else signed64(parent),
+                    tuple(tokens),
+                    self.block_size,
+                    None,
+                    self.dp_rank,
+                    (mm,) if mm else (),
+                )
+            )
 
     def register_run(
         self,

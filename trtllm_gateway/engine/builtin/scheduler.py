@@ -234,6 +234,11 @@ class Scheduler:
         if hi <= lo:
             return
         hashes, spans = seq.block_hashes, seq.mm_spans
+        if hi == lo + 1 and not spans:  # a decode's block: most calls
+            parent = hashes[lo - 1] if lo else None
+            tokens = seq.token_ids[lo * bs : hi * bs]
+            self.blocks.register(seq.block_table[lo], hashes[lo], parent, tokens)
+            return
         # Every block's hash mixes in all the request's images (seq.extra_key), so every
         # block's event names them all, each at its offset from the block's first token.
         mm = [tuple(MmSpan(h, pos - i * bs, n) for h, pos, n in spans) for i in range(lo, hi)]
