@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -191,3 +192,56 @@ async def test_a_lease_renewed_through_any_client_reaches_the_holder(tmp_path: P
     finally:
         await asyncio.gather(a.stop(), b.stop())
     assert shared.join(5)
+
+
+def test_drain_reads_the_inboxes_the_poll_found_ready(tmp_path: Path) -> None:
+    """ManyPipes.drain(ready=...) reads only the inboxes the loop's poll reported (the others
+    would each cost a receive raising zmq.Again), and every message of those; None reads all."""
+    from trtllm_gateway.engine.transport.pipes import ManyPipes
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    addrs = [(f"ipc://{tmp_path}/in-{i}", f"ipc://{tmp_path}/out-{i}") for i in range(3)]
+    senders, outs = [], []
+    for inbox, outbox in addrs:
+        push = ctx.socket(zmq.PUSH)
+        push.bind(inbox)
+        pull = ctx.socket(zmq.PULL)
+        pull.bind(outbox)
+        senders.append(push)
+        outs.append(pull)
+    pipes = ManyPipes(ctx, addrs)
+    seen: list[str] = []
+
+    class Core:
+        def handle(self, msg: m.Inbound, frames: list[bytes]) -> None:
+            assert isinstance(msg, m.Abort)
+            seen.append(msg.request_id)
+
+        def batch(self) -> m.OutputBatch:
+            raise AssertionError("not asked for")
+
+    core = Core()
+    for i in (0, 2):
+        for k in range(2):
+            senders[i].send(m.encode(m.Abort(f"r{k}")))
+    poller = zmq.Poller()
+    for inbox in pipes.inboxes:
+        poller.register(inbox, zmq.POLLIN)
+    deadline = time.monotonic() + 10
+    ready: dict[object, int] = {}
+    while len(ready) < 2 and time.monotonic() < deadline:  # both connections are up
+        time.sleep(0.01)
+        ready = dict(poller.poll(100))
+    assert set(ready) == {pipes.inboxes[0], pipes.inboxes[2]}
+    pipes.drain(core, None, {pipes.inboxes[2]})
+    assert seen == ["2/r0", "2/r1"]
+    pipes.drain(core, None, ready)
+    assert seen == ["2/r0", "2/r1", "0/r0", "0/r1"]
+    senders[1].send(m.encode(m.Abort("r9")))
+    poller.poll(1000)
+    pipes.drain(core, None, None)
+    assert seen[-1] == "1/r9"
+    pipes.close()
+    for s in [*senders, *outs]:
+        s.close(linger=0)
+    ctx.term()

@@ -171,7 +171,7 @@ def _serve(
         if parent is not None and parent in ready:
             logger.warning("the gateway process is gone; the engine core exits")
             return PARENT_GONE
-        pipes.drain(core, shared)
+        pipes.drain(core, shared, ready)
         if core.stopping:
             pipes.send_batch(core.batch())
             pipes.send(m.Dead("stopped", stopped=True))
