@@ -44,13 +44,18 @@ def test_downloads_reuse_their_buffers_only_after_the_copy_ran() -> None:
     dev = torch.device("cuda", torch.cuda.current_device())
     torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]
     srcs = [torch.full((n,), i, dtype=torch.long, device=dev) for i, n in enumerate([7, 300])]
-    events = [torch.cuda.Event() for _ in srcs]  # type: ignore[no-untyped-call]
-    hosts = [slots.download(s, e) for s, e in zip(srcs, events, strict=True)]
-    for i, (h, e) in enumerate(zip(hosts, events, strict=True)):
+    hosts = [slots.download(s) for s in srcs]
+    for i, (h, e) in enumerate(hosts):
         e.synchronize()
         assert h.is_pinned() and h.tolist() == [i] * h.numel()
     for i in range(2, 6):
-        e = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        h = slots.download(torch.full((5 * i,), i, dtype=torch.long, device=dev), e)
+        h, e = slots.download(torch.full((5 * i,), i, dtype=torch.long, device=dev), i % 2 == 0)
         e.synchronize()
         assert h.tolist() == [i] * (5 * i)
+    # Each buffer keeps its event: two downloads on, its slot's event is recorded again.
+    first = slots.download(srcs[0])[1]
+    slots.download(srcs[1])
+    again, e = slots.download(srcs[0])
+    assert e is first
+    e.synchronize()
+    assert again.tolist() == [0] * 7

@@ -51,9 +51,9 @@ class PinnedRing:
         # step (the 256-row block table; py-spy, H200).
         np.copyto(host.numpy(), src, casting="unsafe")
         out = host.to(self.device, non_blocking=True)
-        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        done.record()
-        self._read[i] = done
+        if read is None:  # one event a buffer, recorded again at each use (a new one was ~8 us)
+            read = self._read[i] = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        read.record()
         return out
 
 
@@ -66,11 +66,16 @@ class HostSlots:
     def __init__(self, slots: int = 8) -> None:
         self._bufs: list[torch.Tensor | None] = [None] * slots
         self._done: list[torch.cuda.Event | None] = [None] * slots
+        self._blocking = [True] * slots
         self._next = 0
 
-    def download(self, src: torch.Tensor, done: torch.cuda.Event) -> torch.Tensor:
-        """A pinned host copy of src, queued on the current stream; `done` is recorded after
-        it (the caller waits on it before reading)."""
+    def download(
+        self, src: torch.Tensor, blocking: bool = True
+    ) -> tuple[torch.Tensor, torch.cuda.Event]:
+        """A pinned host copy of src, queued on the current stream, and the event recorded
+        after it (the caller waits on it before reading; blocking: a wait that sleeps, not
+        spins). The event is the buffer's own, recorded again when the buffer is handed out
+        again: one a step was ~8 us of the step thread."""
         i = self._next
         self._next = (i + 1) % len(self._bufs)
         prev = self._done[i]
@@ -84,6 +89,9 @@ class HostSlots:
             )
         host = buf[:nbytes].view(src.dtype).view(src.shape)
         host.copy_(src, non_blocking=True)
+        done = self._done[i]
+        if done is None or self._blocking[i] != blocking:
+            done = self._done[i] = torch.cuda.Event(blocking=blocking)  # type: ignore[no-untyped-call]
+            self._blocking[i] = blocking
         done.record()
-        self._done[i] = done
-        return host
+        return host, done

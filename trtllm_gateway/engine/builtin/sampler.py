@@ -242,8 +242,8 @@ class Sampler:
         valid id for a step already scheduled behind it) and resolves to its error.
         """
         if draws is not None and draws.ids is not None:
-            ready = torch.cuda.Event(blocking=BLOCKING_WAIT)  # type: ignore[no-untyped-call]
-            return PendingSample(draws.ids, self._down.download(draws.ids, ready), ready)
+            host, ready = self._down.download(draws.ids, BLOCKING_WAIT)
+            return PendingSample(draws.ids, host, ready)
         if logits.dtype != torch.float32 and draws is None and not all(s.draws_raw for s in seqs):
             # A decode graph's 16-bit logits: adjusted, filtered or read for logprobs in float,
             # as eager steps' are (compute_logits); rows that only draw read them as they are.
@@ -257,8 +257,7 @@ class Sampler:
                 self._up = PinnedRing(logits.device)
             packed = draws.packed if draws is not None else None
             token_ids = _draw_on_device(logits, seqs, failed, self._up, self._zeros_of, packed)
-            ready = torch.cuda.Event(blocking=BLOCKING_WAIT)  # type: ignore[no-untyped-call]
-            host = self._down.download(token_ids, ready)
+            host, ready = self._down.download(token_ids, BLOCKING_WAIT)
             return PendingSample(token_ids, host, ready, raw_lp, ks, failed, internal)
         token_ids = _draw_on_host(logits, seqs, failed)
         return PendingSample(token_ids, token_ids, None, raw_lp, ks, failed, internal)
