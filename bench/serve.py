@@ -20,6 +20,7 @@ import itertools
 import json
 import multiprocessing as mp
 import pickle
+import queue
 import random
 import tempfile
 import threading
@@ -315,9 +316,31 @@ def _spawned(jobs: list[dict[str, Any]], requests: list[Any]) -> list[dict[str, 
         ]
         for proc in procs:
             proc.start()
-        results = [r for _ in procs for r in out.get()]
-    for proc in procs:
-        proc.join()
+        try:
+            results = _collect(procs, out)
+        except BaseException:
+            for proc in procs:  # the others wait at the barrier, or are mid-run
+                proc.terminate()
+            raise
+        finally:
+            for proc in procs:
+                proc.join()
+    return results
+
+
+def _collect(procs: list[Any], out: mp.Queue[Any]) -> list[dict[str, Any]]:
+    """Every process's results; RuntimeError once a process has died without giving them
+    (the others would wait at the barrier, or this on the queue, for ever)."""
+    results: list[dict[str, Any]] = []
+    left = len(procs)
+    while left:
+        try:
+            results += out.get(timeout=1.0)
+            left -= 1
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a client process exited with status {dead[0]}") from None
     return results
 
 

@@ -123,3 +123,26 @@ def test_spawned_clients_open_their_lanes_together() -> None:
     # Six lanes in three processes: the sixth request starts with the first, not a process's
     # start-up (~0.5 s on a 2-core machine) after it.
     assert ramp(results, 6) < 0.25
+
+
+def _explode() -> None:
+    raise RuntimeError("this client process dies as it starts")
+
+
+class _DiesInTheChild:
+    """Unpickled in the spawned process by calling _explode: that process dies before the
+    barrier."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_explode, ())
+
+
+def test_a_client_process_that_dies_fails_the_run() -> None:
+    """A process that dies before the barrier ends the run with an error, and its sibling,
+    waiting at the barrier, is stopped: not a wait for ever there and on the results queue."""
+    from bench.serve import _spawned
+
+    job = {"base_url": "http://127.0.0.1:9", "endpoint": "/v1/completions", "concurrency": 1}
+    jobs = [job, {**job, "dies": _DiesInTheChild()}]
+    with pytest.raises(RuntimeError, match="client process exited"):
+        _spawned(jobs, [(0.0, {"max_tokens": 1})])
