@@ -13,7 +13,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import add
 
 from trtllm_gateway.engine.builtin.block_manager import BlockManager, block_hashes
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
@@ -76,11 +75,8 @@ class Scheduler:
         if total > budget or 0 in need:
             return None
         bs = self.blocks.block_size
-        short = [
-            i
-            for i, (s, end) in enumerate(zip(running, map(add, done, need), strict=True))
-            if end > len(s.block_table) * bs
-        ]
+        # Each chunk ends at its sequence's end (done + need == len(token_ids)).
+        short = [i for i, s in enumerate(running) if len(s.token_ids) > len(s.block_table) * bs]
         if short:
             blocks = self.blocks
             grow = [
