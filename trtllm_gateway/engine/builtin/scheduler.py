@@ -237,13 +237,17 @@ class Scheduler:
             return
         # Every block's hash mixes in all the request's images (seq.extra_key), so every
         # block's event names them all, each at its offset from the block's first token.
-        mm = [tuple(MmSpan(h, pos - i * bs, n) for h, pos, n in spans) for i in range(lo, hi)]
+        mm = (
+            [tuple(MmSpan(h, pos - i * bs, n) for h, pos, n in spans) for i in range(lo, hi)]
+            if spans
+            else ()  # a text prompt's blocks: no list of 64 empty tuples to build and scan
+        )
         self.blocks.register_run(
             seq.block_table[lo:hi],
             hashes[lo:hi],
             hashes[lo - 1] if lo else None,
             seq.token_ids[lo * bs : hi * bs],
-            mm if spans else (),
+            mm,
         )
 
     def finish(self, seq: Sequence, keep_blocks: bool = False) -> None:
