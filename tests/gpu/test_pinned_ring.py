@@ -25,6 +25,20 @@ def test_uploads_land_intact_while_the_gpu_is_behind() -> None:
         assert bool((out == i).all())
 
 
+def test_one_event_a_group_still_guards_every_buffer() -> None:
+    """Four buffers, one event for each two (recorded after the second's copy): with the stream
+    held up, a lap later the first buffer of a group is rewritten only after that event, which
+    stands for its copy too."""
+    ring = PinnedRing(torch.device("cuda", torch.cuda.current_device()), slots=4, group=2)
+    torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]
+    sizes = [9, 70_000, 4, 1, 300, 6, 70_000, 2, 11, 5]
+    outs = [ring.upload(np.full(n, i, dtype=np.int64), torch.long) for i, n in enumerate(sizes)]
+    torch.cuda.synchronize()
+    for i, (n, out) in enumerate(zip(sizes, outs, strict=True)):
+        assert out.shape == (n,) and bool((out == i).all()), i
+    assert len(ring._read) == 2
+
+
 def test_dtypes_shapes_and_empty() -> None:
     ring = PinnedRing(torch.device("cuda", torch.cuda.current_device()), slots=4)
     table = np.arange(12, dtype=np.int32).reshape(3, 4)
