@@ -124,6 +124,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     clock.wrap(pipe, "_resolve", "resolve")
     clock.wrap(core, "batch", "batch")
     clock.wrap(StepBatch, "build", "build")  # a classmethod: called on the class, bound
+    # The steady step's stages (scheduler.DecodeRows), where the tree has them.
+    for obj, name, stage in [
+        (pipe.scheduler, "schedule_decodes", "schedule"),
+        (pipe.scheduler, "commit_decodes", "commit"),
+        (StepBatch, "of_decodes", "build"),
+    ]:
+        if hasattr(obj, name):
+            clock.wrap(obj, name, stage)
     counts: dict[str, int] = {}
     step = _churn(core, args, counts) if args.churn else partial(one_iteration, core, counts)
     if args.churn:

@@ -61,7 +61,7 @@ def _batch(
         ]
     )
     return StepBatch(
-        chunks=(),
+        packed_chunks=(),
         token_ids=np.asarray(ids if ids is not None else np.zeros(tokens), dtype=np.int64),
         positions=pos,
         slots=slots.astype(np.int64),

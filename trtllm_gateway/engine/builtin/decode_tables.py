@@ -39,6 +39,7 @@ def padded(tables: list[np.ndarray], spare: int = 0) -> np.ndarray:
 
 class DecodeTables:
     def __init__(self) -> None:
+        self._src: list[Sequence] | None = None  # the list object the rows were last given as
         self._seqs: list[Sequence] = []
         self._lists: list[list[int]] = []  # the block_table list each row was written from
         self._lens: list[int] = []  # ... and its length then
@@ -47,6 +48,7 @@ class DecodeTables:
 
     def of(self, seqs: list[Sequence]) -> np.ndarray:
         """The rows' block tables as [len(seqs), widest] int32, padded with block 0."""
+        self._src = seqs
         tables = [s.block_table for s in seqs]
         lens = [len(t) for t in tables]
         if len(seqs) != len(self._seqs) or not all(map(is_, seqs, self._seqs)):
@@ -54,6 +56,29 @@ class DecodeTables:
         elif lens != self._lens or not all(map(is_, tables, self._lists)):
             self._update(tables, lens)
         return self._arr[: len(seqs), : self._width].copy()
+
+    def extend(self, seqs: list[Sequence], grown: list[int]) -> np.ndarray:
+        """of(seqs) for a steady decode step (scheduler.DecodeRows): seqs is the very list
+        object of the last call, and only the rows in grown have a block more (appended to
+        their lists). Writes only those rows; any other call is of()'s."""
+        if seqs is not self._src:
+            return self.of(seqs)
+        lens = self._lens
+        for i in grown:
+            table = seqs[i].block_table
+            n, was = len(table), lens[i]
+            if n > self._arr.shape[1]:
+                self._widen(n)
+            self._arr[i, was:n] = table[was:n]
+            lens[i] = n
+            if n > self._width:
+                self._width = n
+        return self._arr[: len(seqs), : self._width].copy()
+
+    def _widen(self, width: int) -> None:
+        grown = np.zeros((self._arr.shape[0], width + _SPARE), dtype=np.int32)
+        grown[:, : self._arr.shape[1]] = self._arr
+        self._arr = grown
 
     def _rows_moved(self, seqs: list[Sequence], tables: list[list[int]], lens: list[int]) -> None:
         """Rows joined, left or moved: a row kept takes its old contents to its new place (one
@@ -83,9 +108,7 @@ class DecodeTables:
         ]
         width = max(max(lens), self._width)
         if width > self._arr.shape[1]:
-            grown = np.zeros((self._arr.shape[0], width + _SPARE), dtype=np.int32)
-            grown[:, : self._arr.shape[1]] = self._arr
-            self._arr = grown
+            self._widen(width)
         arr = self._arr
         for i in changed:
             n, was = lens[i], old_lens[i]

@@ -3,6 +3,10 @@
   schedule ─▶ StepBatch.build ─▶ backend.forward ─▶ sampler.sample ─▶ PendingSample   (launch)
                                     (a decode graph may sample inside itself: sampler.Draws)
   resolve the step `depth` back: PendingSample.resolve ─▶ Outcomes (stop checks, events)
+  commit (the scheduler: progress, full blocks to the prefix cache) ─▶ placeholders
+
+A steady step (every running sequence decoding, as in the step before: Scheduler.
+schedule_decodes) takes the same stages from arrays: StepBatch.of_decodes, commit_decodes.
 
 depth 0 (CPU's default): a step is resolved as soon as it is launched. depth 1 (CUDA's): once step
 N is launched, each sampling sequence gets a placeholder token -(r + 1), r its row in step N's
@@ -29,8 +33,8 @@ from dataclasses import dataclass
 from trtllm_gateway.engine.builtin.backend import Backend
 from trtllm_gateway.engine.builtin.decode_tables import DecodeTables
 from trtllm_gateway.engine.builtin.outcomes import Emitted, Outcomes
-from trtllm_gateway.engine.builtin.sampler import PendingSample, Sampler, row_failure
-from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk, Scheduler
+from trtllm_gateway.engine.builtin.sampler import Draws, PendingSample, Sampler, row_failure
+from trtllm_gateway.engine.builtin.scheduler import DecodeRows, ScheduledChunk, Scheduler
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 from trtllm_gateway.engine.builtin.step_clock import StepClock
@@ -97,6 +101,10 @@ class StepPipeline:
         if self.inflight is not None and self.inflight.reads_history:
             events += self._resolve()
             clock.lap("resolve")
+        rows = self.scheduler.schedule_decodes()
+        if rows is not None:
+            clock.lap("schedule")
+            return events + self._decode_step(rows, clock)
         chunks = self.scheduler.schedule()
         clock.lap("schedule")
         if not chunks:
@@ -111,14 +119,42 @@ class StepPipeline:
         clock.lap("resolve")
         self.scheduler.commit([c for c in chunks if c.seq.status is not FINISHED])
         clock.lap("commit")
-        if launched is not None:
-            for row, seq in enumerate(launched.seqs):
-                if seq.status is not FINISHED:
-                    seq.token_ids.append(-(row + 1))
-            self.inflight = launched
-            if self.depth == 0:
-                events += self._resolve()
-        return events
+        return events + self._hold(launched)
+
+    def _decode_step(self, rows: DecodeRows, clock: StepClock) -> Emitted:
+        """_step's stages for a steady step's rows (Scheduler.schedule_decodes)."""
+        try:
+            batch = StepBatch.of_decodes(rows, self.scheduler.blocks.block_size, self.tables)
+            clock.lap("build")
+            n = len(rows.seqs)
+            clock.size("decode", n, n)
+            seqs = rows.seqs
+            draws = None
+            if self.backend.takes_draws:
+                draws = self.sampler.draws(seqs, rows.draws_raw, rows.drawn)
+            nonplain = rows.nonplain
+            history = bool(nonplain) and any(_reads_history(seqs[i]) for i in nonplain)
+            launched = self._forward(batch, seqs, draws, history, clock)
+        except Exception as e:
+            if is_fatal(e):
+                raise
+            return self._fail(rows.chunks(), e)
+        events = self._resolve()
+        clock.lap("resolve")
+        self.scheduler.commit_decodes(rows)
+        clock.lap("commit")
+        return events + self._hold(launched)
+
+    def _hold(self, launched: _Launched | None) -> Emitted:
+        """A launched step's rows still running wait for their token as placeholders; at
+        depth 0 it is resolved at once."""
+        if launched is None:
+            return []
+        for row, seq in enumerate(launched.seqs):
+            if seq.status is not FINISHED:
+                seq.token_ids.append(-(row + 1))
+        self.inflight = launched
+        return self._resolve() if self.depth == 0 else []
 
     def _launch(self, chunks: list[ScheduledChunk], clock: StepClock) -> _Launched | None:
         """Pack, forward, sample; None when no chunk of the step samples."""
@@ -126,14 +162,25 @@ class StepPipeline:
         clock.lap("build")
         kind = "decode" if batch.num_decodes == len(chunks) else "mixed"
         clock.size(kind, len(chunks), len(batch.token_ids))
-        prev = self.inflight.pending.token_ids if self.inflight is not None else None
         seqs = list(batch.sample_seqs)
         draws = self.sampler.draws(seqs) if seqs and self.backend.takes_draws else None
+        history = any(_reads_history(s) for s in seqs if not s.plain)
+        return self._forward(batch, seqs, draws, history, clock)
+
+    def _forward(
+        self,
+        batch: StepBatch,
+        seqs: list[Sequence],
+        draws: Draws | None,
+        history: bool,
+        clock: StepClock,
+    ) -> _Launched | None:
+        """The forward pass and the sampling launch (seqs: the rows that sample)."""
+        prev = self.inflight.pending.token_ids if self.inflight is not None else None
         logits = self.backend.forward(batch, prev, draws)
         clock.lap("forward")
         if not seqs:
             return None
-        history = any(_reads_history(s) for s in seqs if not s.plain)
         launched = _Launched(seqs, self.sampler.sample(logits, seqs, draws), history)
         clock.lap("sample")
         return launched

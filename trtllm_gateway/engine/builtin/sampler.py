@@ -221,11 +221,19 @@ class Sampler:
             apply_bitmask(logits, mask, None if len(rows) == len(seqs) else rows)
         return failed, internal
 
-    def draws(self, seqs: list[Sequence] | tuple[Sequence, ...]) -> Draws | None:
-        """The step's Draws when every row draws straight from the logits, else None."""
-        if not all(s.draws_raw for s in seqs):
+    def draws(
+        self,
+        seqs: list[Sequence] | tuple[Sequence, ...],
+        raw: bool | None = None,
+        drawn: list[int] | None = None,
+    ) -> Draws | None:
+        """The step's Draws when every row draws straight from the logits, else None. raw and
+        drawn: what the rows say (all Sequence.draws_raw; the rows not greedy) when the caller
+        has it already (a steady decode run keeps it: scheduler.DecodeRows)."""
+        if not (all(s.draws_raw for s in seqs) if raw is None else raw):
             return None
-        drawn = [i for i, s in enumerate(seqs) if not s.greedy]
+        if drawn is None:
+            drawn = [i for i, s in enumerate(seqs) if not s.greedy]
         return Draws(_draw_inputs(seqs, drawn) if drawn else None)
 
     @torch.inference_mode()

@@ -5,6 +5,13 @@ unfinished prefill), then admits waiting sequences while the token budget, the b
 the free KV blocks allow. When a running sequence needs a block and none is free, the most
 recently admitted sequence is preempted: its blocks are freed and it waits to be recomputed.
 A waiting sequence holds no blocks: it looks up its cached prefix each time it is tried.
+
+The steady step: when every running sequence decodes one token, and the running list is the last
+run's rows (less those that ended, plus those admitted at its end since), schedule_decodes() gives
+this step's rows as arrays (DecodeRows) without reading them row by row, and the pipeline packs
+and commits them from there: a served core at 256 running
+spent ~16 passes of Python over its rows a step (the chunks, the packer's lists, the commit),
+~0.8 of a decode step's ~2 ms of its CPU (py-spy and StepClock, H200, 135M, 2026-11-29).
 """
 
 from __future__ import annotations
@@ -13,6 +20,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import is_
+
+import numpy as np
 
 from trtllm_gateway.engine.builtin.block_manager import BlockManager, block_hashes
 from trtllm_gateway.engine.builtin.sequence import Sequence, Status
@@ -29,6 +39,37 @@ class ScheduledChunk:
     def samples(self) -> bool:
         """True when the chunk reaches the end of the sequence, so a token is sampled."""
         return self.start + self.length == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class DecodeRows:
+    """A steady step's rows: every running sequence, in order, decoding the one token after its
+    last (each row samples). What never changes along a run (the list, the per-row flags) is
+    shared by its steps; starts and grown are the step's own."""
+
+    seqs: list[Sequence]  # the run's snapshot of Scheduler.running, never written
+    starts: np.ndarray  # [n] int64: the position each row computes this step
+    grown: list[int]  # rows given a block this step (their new token opens it)
+    nonplain: list[int]  # rows that are not plain (Sequence.settle): per-row checks need them
+    draws_raw: bool  # every row draws straight from the logits (sampler.Draws)
+    drawn: list[int]  # rows that are not greedy
+
+    @classmethod
+    def of(cls, running: list[Sequence], starts: list[int] | np.ndarray) -> DecodeRows:
+        seqs = list(running)
+        return cls(
+            seqs,
+            np.asarray(starts, dtype=np.int64),
+            [],
+            [i for i, s in enumerate(seqs) if not s.plain],
+            all(s.draws_raw for s in seqs),
+            [i for i, s in enumerate(seqs) if not s.greedy],
+        )
+
+    def chunks(self) -> list[ScheduledChunk]:
+        """The rows as the general path's chunks (for a step that failed)."""
+        n = len(self.seqs)
+        return list(map(ScheduledChunk, self.seqs, self.starts.tolist(), [1] * n))
 
 
 class Scheduler:
@@ -49,6 +90,9 @@ class Scheduler:
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found cached
         self.last_scheduled = 0  # chunks the last schedule() packed (0 with work: stalled)
+        # The last step's rows when it decoded every running sequence (schedule_decodes).
+        self._steady: DecodeRows | None = None
+        self.steady_steps = True  # False: every step takes schedule() (tests compare the two)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -56,8 +100,54 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def schedule_decodes(self) -> DecodeRows | None:
+        """This step's rows when it is steady: every running sequence decodes one token, and
+        the running list is the last run's (a step that decoded each of its rows and committed
+        them), less the rows that left since, plus those admitted since at its end (each past
+        its prompt now); no waiting prompt could be admitted beside them. A row whose new token
+        opens a block gets one here. None: schedule() packs the step (and starts a run)."""
+        run, self._steady = self._steady, None
+        running = self.running
+        n = len(running)
+        if run is None or not n or n > self.max_num_tokens:
+            return None
+        if self.waiting and n < self.max_batch_size and n < self.max_num_tokens:
+            return None  # a prompt that may be admitted: the general path tries
+        rows = _continued(run, running)
+        if rows is None:
+            return None
+        starts, seqs = rows.starts, rows.seqs
+        bs = self.blocks.block_size
+        opens = np.flatnonzero(starts % bs == 0).tolist()
+        grown = [i for i in opens if len(seqs[i].block_table) * bs <= int(starts[i])]
+        if grown:
+            if not self.blocks.can_allocate(len(grown)):
+                return None  # the general path preempts
+            for i, block in zip(grown, self.blocks.allocate(len(grown)), strict=True):
+                seqs[i].block_table.append(block)
+        rows.grown = grown
+        self._steady = rows if self.steady_steps else None
+        self.last_scheduled = n
+        return rows
+
+    def commit_decodes(self, rows: DecodeRows) -> None:
+        """After a steady step's forward pass: commit() for its rows still running (those the
+        step resolved meanwhile did not finish), publishing the blocks their token filled."""
+        finished = Status.FINISHED
+        ends = rows.starts + 1
+        seqs = rows.seqs
+        for seq, end in zip(seqs, ends.tolist(), strict=True):
+            if seq.status is not finished:
+                seq.num_computed = end
+        if self.blocks.caching:
+            bs = self.blocks.block_size
+            for i in np.flatnonzero(ends % bs == 0).tolist():
+                if seqs[i].status is not finished:
+                    self._publish(seqs[i], int(ends[i]) - 1)
+
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.max_num_tokens
+        self._steady = None
         packed = self._schedule_all_running(budget)
         chunks, budget = packed if packed is not None else self._schedule_running(budget)
         self._admit_waiting(chunks, budget)
@@ -86,6 +176,8 @@ class Scheduler:
                 return None
             for i, n in zip(short, grow, strict=True):
                 running[i].block_table += blocks.allocate(n)
+        if total == len(running) and total and self.steady_steps:  # every row decodes: a run
+            self._steady = DecodeRows.of(running, done)
         return list(map(ScheduledChunk, running, done, need)), budget - total
 
     def _schedule_running(self, budget: int) -> tuple[list[ScheduledChunk], int]:
@@ -263,3 +355,23 @@ class Scheduler:
     def release(self, seq: Sequence) -> None:
         self.blocks.release(seq.block_table)
         seq.block_table = []
+
+
+def _continued(run: DecodeRows, running: list[Sequence]) -> DecodeRows | None:
+    """The run's rows a token on, if running is them (those that left dropped) and then the
+    sequences admitted since, each with one token to compute; else None."""
+    seqs = run.seqs
+    if len(running) == len(seqs) and all(map(is_, running, seqs)):  # most steps
+        return DecodeRows(seqs, run.starts + 1, [], run.nonplain, run.draws_raw, run.drawn)
+    on = Status.RUNNING
+    kept = [i for i, s in enumerate(seqs) if s.status is on]
+    k = len(kept)
+    if k > len(running) or not all(map(is_, running[:k], [seqs[i] for i in kept])):
+        return None
+    tail = running[k:]
+    if any(len(s.token_ids) - s.num_computed != 1 for s in tail):
+        return None  # a prompt still being prefilled (or recomputed)
+    starts = run.starts[kept] + 1
+    if tail:
+        starts = np.concatenate([starts, np.asarray([s.num_computed for s in tail], np.int64)])
+    return DecodeRows.of(running, starts)

@@ -10,6 +10,10 @@ graphs) take the same batch and differ only in the forward they run on it.
                           ├▶ prompt_logprobs                       (chunk, first row) that want them
                           └▶ images                                rows an image's embeddings fill
 
+A steady step (scheduler.DecodeRows: every running sequence decodes, as in the step before) is
+packed by of_decodes() from the rows' arrays, with no ScheduledChunk a row: `chunks` makes them
+only when asked.
+
 Decodes (one new token) lead, so they batch into one decode-attention call. A token id may be a
 placeholder -(r + 1) for row r of the previous step's sampled ids, not yet on the host
 (pipeline.py, depth 1); the backend swaps it on its device. All arrays are numpy, never written
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtllm_gateway.engine.builtin.decode_tables import NO_ROWS, DecodeTables, padded
-from trtllm_gateway.engine.builtin.scheduler import ScheduledChunk
+from trtllm_gateway.engine.builtin.scheduler import DecodeRows, ScheduledChunk
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.vision.placeholders import ImageRows, image_rows
 
@@ -42,9 +46,12 @@ def _extras(
         images += image_rows(seq.images, c.start, c.length, row)
 
 
+_NO_INT32 = np.zeros(0, dtype=np.int32)
+
+
 @dataclass(frozen=True, slots=True)
 class StepBatch:
-    chunks: tuple[ScheduledChunk, ...]  # in packed order: decodes first
+    packed_chunks: tuple[ScheduledChunk, ...]  # in packed order: decodes first (see chunks)
     token_ids: np.ndarray  # [T] int64; a placeholder -(r + 1) is row r of the previous samples
     positions: np.ndarray  # [T] int64
     slots: np.ndarray  # [T] int64 cache slot of each new token (block * block_size + offset)
@@ -59,6 +66,18 @@ class StepBatch:
     prompt_logprobs: tuple[tuple[ScheduledChunk, int], ...]  # (chunk, its first row)
     images: tuple[ImageRows, ...]
     placeholders: bool  # some token id is a placeholder
+    decode_rows: DecodeRows | None = None  # a steady step's rows (of_decodes): no packed_chunks
+
+    @property
+    def chunks(self) -> tuple[ScheduledChunk, ...]:
+        """The step's chunks in packed order (a steady step's made now, one a row)."""
+        rows = self.decode_rows
+        return self.packed_chunks if rows is None else tuple(rows.chunks())
+
+    @property
+    def num_chunks(self) -> int:
+        rows = self.decode_rows
+        return len(self.packed_chunks) if rows is None else len(rows.seqs)
 
     @property
     def decode_ctx_lens(self) -> np.ndarray:
@@ -136,7 +155,7 @@ class StepBatch:
             d_slots = np.concatenate(slots)
         token_ids = np.asarray(ids, dtype=np.int64)
         return cls(
-            chunks=tuple(decodes + prefills),
+            packed_chunks=tuple(decodes + prefills),
             token_ids=token_ids,
             positions=positions,
             slots=d_slots,
@@ -151,4 +170,38 @@ class StepBatch:
             prompt_logprobs=tuple(prompt_lps),
             images=tuple(images),
             placeholders=bool(len(token_ids)) and int(token_ids.min()) < 0,
+        )
+
+    @classmethod
+    def of_decodes(cls, rows: DecodeRows, block_size: int, tables: DecodeTables) -> StepBatch:
+        """A steady step: what build() packs for these rows' chunks, from the rows' arrays and
+        the tables kept from the step before (only the grown rows written)."""
+        bs = block_size
+        seqs = rows.seqs
+        n = len(seqs)
+        positions = rows.starts
+        token_ids = np.asarray([s.token_ids[-1] for s in seqs], dtype=np.int64)
+        d_tables = tables.extend(seqs, rows.grown)
+        slots = d_tables[np.arange(n), positions // bs].astype(np.int64) * bs + positions % bs
+        prompt_lps: list[tuple[ScheduledChunk, int]] = []
+        images: list[ImageRows] = []
+        for row in rows.nonplain:
+            _extras(ScheduledChunk(seqs[row], int(positions[row]), 1), row, prompt_lps, images)
+        return cls(
+            packed_chunks=(),
+            token_ids=token_ids,
+            positions=positions,
+            slots=slots,
+            num_decodes=n,
+            decode_tables=d_tables,
+            prefill_q_starts=_NO_INT32,
+            prefill_q_lens=_NO_INT32,
+            prefill_ctx_lens=_NO_INT32,
+            prefill_tables=NO_ROWS,
+            sample_rows=np.arange(n, dtype=np.int64),
+            sample_seqs=tuple(seqs),
+            prompt_logprobs=tuple(prompt_lps),
+            images=tuple(images),
+            placeholders=bool(n) and int(token_ids.min()) < 0,
+            decode_rows=rows,
         )

@@ -104,7 +104,7 @@ class TritonBackend:
         nd = batch.num_decodes
         rows = batch.sample_rows
         g = self.graphs
-        pure_decode = nd == len(batch.chunks)
+        pure_decode = nd == batch.num_chunks
         bucket = g.bucket(nd) if g is not None and pure_decode else None
         # A 1-token prefill chunk may land on an image, so a "decode" batch may carry images;
         # and a graph holds the previous step's ids only up to its largest bucket (a step
