@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
+from trtllm_gateway.engine.builtin.capture_gc import no_collection
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.pinned_ring import PinnedRing
 
@@ -137,15 +138,16 @@ class DecodeGraphs:
     def capture(self) -> None:
         t0 = time.perf_counter()
         pool = None
-        for b in reversed(self.sizes):
-            self._step(b)  # warm-up: compiles the Triton kernels, sets cuBLAS up
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self._step(b)
-            if pool is None:
-                pool = g.pool()
-            self.graphs[b] = g
+        with no_collection():  # capture_gc.py: no collection mid-capture
+            for b in reversed(self.sizes):
+                self._step(b)  # warm-up: compiles the Triton kernels, sets cuBLAS up
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    self._step(b)
+                if pool is None:
+                    pool = g.pool()
+                self.graphs[b] = g
         torch.cuda.synchronize()
         logger.info(
             "captured %d decode graphs in %.1fs", len(self.graphs), time.perf_counter() - t0

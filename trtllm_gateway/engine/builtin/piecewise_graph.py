@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
+from trtllm_gateway.engine.builtin.capture_gc import no_collection
 from trtllm_gateway.engine.builtin.model import LlamaModel
 from trtllm_gateway.engine.builtin.model_config import ModelConfig
 
@@ -177,18 +178,19 @@ class PiecewiseGraphs:
         t0 = time.perf_counter()
         pool = None
         pieces = len(self.model.decoder_layers) + 1
-        for b in reversed(self.sizes):
-            graphs = []
-            for k in range(pieces):
-                self.piece(b, k)  # warm-up: compiles the Triton kernels, sets cuBLAS up
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    self.piece(b, k)
-                if pool is None:
-                    pool = g.pool()
-                graphs.append(g)
-            self.graphs[b] = graphs
+        with no_collection():  # capture_gc.py: no collection mid-capture
+            for b in reversed(self.sizes):
+                graphs = []
+                for k in range(pieces):
+                    self.piece(b, k)  # warm-up: compiles the Triton kernels, sets cuBLAS up
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool):
+                        self.piece(b, k)
+                    if pool is None:
+                        pool = g.pool()
+                    graphs.append(g)
+                self.graphs[b] = graphs
         torch.cuda.synchronize()
         logger.info(
             "captured %d piecewise graphs (%d token buckets up to %d) in %.1fs",

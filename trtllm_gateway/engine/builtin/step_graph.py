@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata, KernelPrefill
+from trtllm_gateway.engine.builtin.capture_gc import no_collection
 from trtllm_gateway.engine.builtin.piecewise_graph import PiecewiseGraphs, hiding_tokens
 from trtllm_gateway.engine.builtin.step_batch import StepBatch
 
@@ -178,13 +179,14 @@ class StepGraphs:
         buffers). Capturing reads padding: slot -1, context 0, the spare prefill row."""
         t0 = time.perf_counter()
         pool = self.pieces.graphs[self.sizes[-1]][0].pool()  # the first piece captured made it
-        for b in reversed(self.sizes):
-            self._step(b)  # warm-up: compiles this bucket's split count and grid
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self._step(b)
-            self.graphs[b] = g
+        with no_collection():  # capture_gc.py: no collection mid-capture
+            for b in reversed(self.sizes):
+                self._step(b)  # warm-up: compiles this bucket's split count and grid
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    self._step(b)
+                self.graphs[b] = g
         torch.cuda.synchronize()
         logger.info(
             "captured %d whole mixed-step graphs in %.1fs",
