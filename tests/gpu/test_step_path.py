@@ -31,8 +31,10 @@ def fields(b: StepBatch) -> dict[str, Any]:
         v = getattr(b, name)
         if isinstance(v, np.ndarray):
             out[name] = (v.dtype.str, v.shape, v.tolist())
-        elif name == "chunks":
-            out[name] = [(c.seq.request_id, c.start, c.length) for c in v]
+        elif name == "packed_chunks":  # a steady step's are made from its rows: chunks
+            out["chunks"] = [(c.seq.request_id, c.start, c.length) for c in b.chunks]
+        elif name == "decode_rows":
+            out[name] = None if v is None else ([s.request_id for s in v.seqs], v.grown)
         elif name == "sample_seqs":
             out[name] = [s.request_id for s in v]
         elif name == "prompt_logprobs":

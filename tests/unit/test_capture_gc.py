@@ -1,7 +1,7 @@
 """capture_gc.no_collection (trtllm_gateway/engine/builtin/capture_gc.py): cyclic garbage is
 collected before a capture and the collector stays off inside, whatever triggers it; on exit it
-is back as it was. tests/gpu/test_capture_gc.py captures a graph beside a dead engine's graphs
-with the collector forced to run at every allocation."""
+is back as it was. On a GPU, tests/gpu/test_graph_sampling.py builds engine after engine in one
+process: its captures failed with the collector on (capture_gc.py's docstring)."""
 
 from __future__ import annotations
 
