@@ -9,11 +9,13 @@ under this pytest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,7 @@ def test_openapi_fuzz(server: Server) -> None:
 # docs/operations.md).
 
 HOSTILE_EXAMPLES = 240
+SENDERS = 4  # hostile inputs in flight at once, beside the victims
 HANG_S = 60.0
 VOCAB = 49152  # SmolLM2
 INT_EXTREMES = [-(2**70), -(2**63), -100000, -1, 0, 1, 2, 2**31 - 1, 2**31, 2**63, 2**70, VOCAB]
@@ -199,22 +202,27 @@ class Tally:
     victims_affected: list[str] = field(default_factory=list)
     victim_retries: int = 0  # 503 queue_full beside an n=128 request: shed, retried as SDKs do
 
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # SENDERS threads
+
     def send(self, client: httpx.Client, path: str, text: str) -> None:
-        self.tried += 1
         headers = {"content-type": "application/json", **INTERNAL_AUTH}
         try:
             r = client.post(path, content=text.encode(), headers=headers, timeout=HANG_S)
         except httpx.TimeoutException:
-            self.hangs.append(text[:300])
+            with self.lock:
+                self.tried += 1
+                self.hangs.append(text[:300])
             return
-        self.statuses[r.status_code] += 1
         if path == "/internal/v1/prefill" and r.status_code == 200:
             # A prefill holds its KV for the decode sibling until pulled (or a timeout): free it.
             held = r.json()["disaggregated_params"]["ctx_request_id"]
             client.delete(f"/internal/v1/kv/{held}", headers=INTERNAL_AUTH, timeout=HANG_S)
         shed = r.status_code == 503 and '"queue_full"' in r.text
-        if r.status_code >= 500 and not shed:
-            self.server_errors.append(f"{r.status_code} {r.text[:200]} <- {text[:300]}")
+        with self.lock:
+            self.tried += 1
+            self.statuses[r.status_code] += 1
+            if r.status_code >= 500 and not shed:
+                self.server_errors.append(f"{r.status_code} {r.text[:200]} <- {text[:300]}")
 
 
 VICTIMS = ["Name three colors.", "What is 2+2?", "Say hello in French."]
@@ -288,24 +296,26 @@ def test_hostile_inputs_beside_ordinary_requests(server: Server, log_dir: Path) 
             ("/v1/chat/completions", json.dumps({"messages": [], "stop_token_ids": [-100000]})),
         ],
     ]
+    # HOSTILE_EXAMPLES generated inputs are drawn first (no draw depends on an answer), then
+    # every input, explicit and generated, goes out SENDERS at a time beside the victims.
+    generated: list[tuple[str, str]] = []
+
+    @settings(
+        max_examples=HOSTILE_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=hostile())
+    def draw(case: tuple[str, str]) -> None:
+        generated.append(case)
+
+    draw()
+    assert len(generated) == HOSTILE_EXAMPLES
     try:
-        with httpx.Client(base_url=server.url) as client:
-            for path, text in explicit:
-                tally.send(client, path, text)
-
-            @settings(
-                max_examples=HOSTILE_EXAMPLES,
-                deadline=None,
-                database=None,
-                derandomize=True,
-                phases=[Phase.generate],
-                suppress_health_check=list(HealthCheck),
-            )
-            @given(case=hostile())
-            def fuzz(case: tuple[str, str]) -> None:
-                tally.send(client, *case)
-
-            fuzz()
+        _send_all(server.url, tally, [*explicit, *generated])
     finally:
         stop.set()
         victims.join(timeout=2 * HANG_S)
@@ -327,6 +337,31 @@ def test_hostile_inputs_beside_ordinary_requests(server: Server, log_dir: Path) 
     assert not tally.victims_affected, tally.victims_affected[:5]
     assert tally.victim_runs >= len(VICTIMS)
     assert idle == 0, server.log()
+
+
+def _send_all(url: str, tally: Tally, cases: list[tuple[str, str]]) -> None:
+    """Send every case, SENDERS at once: each sender its own connection and its share in order.
+    Sibling prefills that reuse a request id (drawn uuids repeat) share a sender, so each is
+    sent and its KV freed before the next, as when one sender sent everything."""
+    shares: list[list[tuple[str, str]]] = [[] for _ in range(SENDERS)]
+    sender_of: dict[str, int] = {}
+    for i, (path, text) in enumerate(cases):
+        key = str(i)
+        if path == "/internal/v1/prefill":
+            # a hostile body may be no JSON object at all: then it has no id to share
+            with contextlib.suppress(ValueError, AttributeError, RecursionError):
+                key = str(json.loads(text).get("request_id", key))
+        shares[sender_of.setdefault(key, i % SENDERS)].append((path, text))
+
+    def sender(share: list[tuple[str, str]]) -> None:
+        with httpx.Client(base_url=url) as client:
+            for path, text in share:
+                tally.send(client, path, text)
+
+    with ThreadPoolExecutor(SENDERS) as pool:
+        for done in [pool.submit(sender, share) for share in shares]:
+            done.result()  # a sender's exception (a dropped connection) fails the test
+    assert tally.tried == len(cases)
 
 
 def _wait_idle(server: Server, timeout_s: float = 20.0) -> float:

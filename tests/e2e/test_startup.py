@@ -4,6 +4,7 @@ get ready says what it waits on in /health and its log, then exits 4 at --startu
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import os
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.e2e.server import ROOT, Server
@@ -66,6 +68,23 @@ def _share_build(folder: Path, isa: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+COMPILERS = {"cc1plus", "c++", "g++", "clang++", "clang"}  # GCC's driver and compiler proper, clang
+
+
+def _compiling(pid: int) -> bool:
+    """Whether a C++ compiler (GCC's driver or cc1plus, which writes the object file, or
+    clang) runs under `pid`."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return False
+    names = set()
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            names.add(child.name())
+    return bool(names & COMPILERS)
+
+
 def _core_pids(log: str) -> list[int]:
     return [int(m) for m in re.findall(r"engine core process (\d+) started", log)]
 
@@ -83,21 +102,27 @@ def held_lock(fresh_cache: Path) -> Iterator[Path]:
         yield lock
 
 
-# The test lasts this long at least (30 s: 33-36 s in CI and here; 20 s: 25.6 s against 36.1 at
-# load 9-11, run back to back). Long enough for the core to reach the kernel build's lock, which
-# it did 6 s after the start at load ~3 on the 2-core EPYC and 18-21 s after at load 9-11 (at load
-# 15 not within 30 s either: the model was still loading).
+# The test lasts this long at least, and the core must reach the kernel build's lock before it:
+# 6 s after the start at load ~3 on the 2-core EPYC, 5 s here idle, but 18-21 s after at load
+# 9-11 (at load 15 not within 30 s either: the model was still loading). So a first start gives
+# up after QUICK_TIMEOUT_S, and only where its core was not waiting on the lock by then (its
+# timeout says "still loading the model": nothing of the behaviour under test had happened yet)
+# a second start on the same cache gets STARTUP_TIMEOUT_S (30 s: 33-36 s in CI and here; 20 s:
+# 25.6 s against 36.1 at load 9-11, run back to back). Every assertion runs on the last start.
+QUICK_TIMEOUT_S = 10
 STARTUP_TIMEOUT_S = 20
+WAITING = "waiting for another process's CPU kernel build"
+STILL_BUILDING = "s), still building CPU kernels"  # what the timeout says of the core's state
 
 
-def test_a_start_that_cannot_get_ready_says_why_then_exits_4(
-    fresh_cache: Path, held_lock: Path, log_dir: Path
-) -> None:
+def _start_until_exit(fresh_cache: Path, log_dir: Path, timeout_s: int) -> tuple[Server, int, str]:
+    """A start with --startup-timeout `timeout_s`, /health polled until it exits: the server,
+    its exit code and the last 'building' message /health gave."""
     env = {"XDG_CACHE_HOME": str(fresh_cache)}
-    args = [*ARGS, "--startup-timeout", str(STARTUP_TIMEOUT_S)]
+    args = [*ARGS, "--startup-timeout", str(timeout_s)]
     srv = Server(args=args, env=env).start(log_dir, wait=False)
     seen = ""
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + timeout_s + 130
     try:
         assert srv.proc is not None
         while srv.proc.poll() is None and time.monotonic() < deadline:
@@ -111,15 +136,27 @@ def test_a_start_that_cannot_get_ready_says_why_then_exits_4(
         code = srv.proc.wait(30)
     finally:
         srv.kill()
+    return srv, code, seen
+
+
+def test_a_start_that_cannot_get_ready_says_why_then_exits_4(
+    fresh_cache: Path, held_lock: Path, log_dir: Path
+) -> None:
+    timeout_s = QUICK_TIMEOUT_S
+    srv, code, seen = _start_until_exit(fresh_cache, log_dir, timeout_s)
+    if code == 4 and STILL_BUILDING not in srv.log():  # gave up before the core got to the lock
+        # (a loaded machine: "still loading the model"): once more, with the longer timeout
+        timeout_s = STARTUP_TIMEOUT_S
+        srv, code, seen = _start_until_exit(fresh_cache, log_dir, timeout_s)
     assert code == 4, srv.log()
     assert not any(  # the core and everything it started are gone
         Path(f"/proc/{pid}").exists() for pid in _core_pids(srv.log())
     ), srv.log()
     assert "building CPU kernels" in seen
     log = srv.log()
-    assert "waiting for another process's CPU kernel build" in log and str(held_lock) in log
+    assert WAITING in log and str(held_lock) in log
     assert "pid 424242" in log
-    assert f"(--startup-timeout {STARTUP_TIMEOUT_S} s), still building CPU kernels" in log
+    assert f"(--startup-timeout {timeout_s} s), still building CPU kernels" in log
     # Nothing to drain in a core that never got ready: it is stopped within a second or so, not
     # after the 10 s grace a ready core gets (engine/transport/client.py, stop()).
     stamps = {
@@ -149,11 +186,10 @@ def test_a_build_killed_mid_compile_does_not_block_the_next_start(
         start_new_session=True,
     )
     deadline = time.monotonic() + 120
-    while not list(folder.parent.glob(folder.name + ".tmp-*/*.ninja")):
+    while not (list(folder.parent.glob(folder.name + ".tmp-*/*.ninja")) and _compiling(first.pid)):
         assert first.poll() is None and time.monotonic() < deadline, "the build never started"
-        time.sleep(0.1)
-    time.sleep(2)  # mid-compile
-    os.killpg(first.pid, signal.SIGKILL)
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)  # mid-compile: a compiler is running
     first.wait()
     assert folder.with_name(folder.name + ".lock").exists() and not folder.exists()
     srv = Server(args=ARGS, env=isa_env)

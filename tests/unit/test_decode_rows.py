@@ -91,10 +91,7 @@ def _run(
     # across a sequence leaving or joining it, with no general step between
     steady = (
         sum(r is not None for r in rows),
-        sum(
-            a is not None and b is not None and a.seqs is not b.seqs
-            for a, b in pairwise(rows)
-        ),
+        sum(a is not None and b is not None and a.seqs is not b.seqs for a, b in pairwise(rows)),
     )
     log.append(st.scheduler.preemptions)
     return log, steady
