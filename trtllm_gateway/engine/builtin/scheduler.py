@@ -11,7 +11,7 @@ run's rows (less those that ended, plus those admitted at its end since), schedu
 this step's rows as arrays (DecodeRows) without reading them row by row, and the pipeline packs
 and commits them from there. A served core at 256 running spent ~16 passes of Python over its
 rows a step (the chunks, the packer's lists, the commit): schedule, build and commit were ~0.8
-ms of a decode step's ~2 ms of CPU (py-spy and StepClock, H200, 135M, 2026-11-29), 0.21-0.24 ms
+ms of a decode step's ~2 ms of CPU (py-spy and StepClock, H200, 135M, 2026-11-29), 0.21-0.26 ms
 less with the steady step (docs/benchmarks.md, "The steady step").
 """
 
