@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 
 from trtllm_gateway.engine.builtin.fp8 import E4M3_MAX, FP8, MIN_SCALE
+from trtllm_gateway.engine.builtin.kernels import pdl
+from trtllm_gateway.engine.builtin.kernels.pdl import gdc_launch_dependents
 
 
 class QuantRows(NamedTuple):
@@ -30,8 +32,11 @@ def _quant_rows_kernel(
     stride_q,
     E4M3: tl.constexpr,
     MIN_S: tl.constexpr,
+    PDL: tl.constexpr,  # let the skinny GEMM after it launch now (pdl.py)
     BLOCK: tl.constexpr,
 ) -> None:
+    if PDL:
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK)
     mask = k < K
@@ -59,6 +64,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             q.stride(0),
             E4M3=E4M3_MAX,
             MIN_S=MIN_SCALE,
+            PDL=pdl.signals(x.device),
             BLOCK=block,
             num_warps=8 if block >= 4096 else 4,
         )

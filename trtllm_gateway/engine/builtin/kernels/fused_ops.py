@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 
 from trtllm_gateway.engine.builtin.fp8 import FP8
+from trtllm_gateway.engine.builtin.kernels import pdl
+from trtllm_gateway.engine.builtin.kernels.pdl import gdc_launch_dependents
 
 
 @triton.jit
@@ -32,8 +34,11 @@ def _rmsnorm_kernel(
     s_ptr,
     ADD: tl.constexpr,
     QUANT: tl.constexpr,  # out is e4m3, s_ptr gets the row's scale
+    PDL: tl.constexpr,  # let the skinny GEMM after it launch now (pdl.py)
     BLOCK: tl.constexpr,
 ) -> None:
+    if PDL:
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     mask = c < n
@@ -109,13 +114,18 @@ def _rms_norm(
             scales if scales is not None else x,
             ADD=residual is not None,
             QUANT=scales is not None,
+            PDL=pdl.signals(x.device),
             BLOCK=triton.next_power_of_2(n),
             num_warps=4 if n <= 4096 else 8,
         )
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_o, n, BLOCK: tl.constexpr) -> None:
+def _silu_mul_kernel(
+    gu_ptr, out_ptr, stride_gu, stride_o, n, PDL: tl.constexpr, BLOCK: tl.constexpr
+) -> None:
+    if PDL:
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = c < n
@@ -134,15 +144,24 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if rows:
         block = 1024
         _silu_mul_kernel[(rows, triton.cdiv(n, block))](
-            gate_up, out, gate_up.stride(0), out.stride(0), n, BLOCK=block, num_warps=4
+            gate_up,
+            out,
+            gate_up.stride(0),
+            out.stride(0),
+            n,
+            PDL=pdl.signals(gate_up.device),
+            BLOCK=block,
+            num_warps=4,
         )
     return out
 
 
 @triton.jit
 def _silu_mul_fp8_kernel(
-    gu_ptr, out_ptr, s_ptr, stride_gu, stride_o, n, BLOCK: tl.constexpr
+    gu_ptr, out_ptr, s_ptr, stride_gu, stride_o, n, PDL: tl.constexpr, BLOCK: tl.constexpr
 ) -> None:
+    if PDL:
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     mask = c < n
@@ -169,6 +188,7 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             gate_up.stride(0),
             out.stride(0),
             n,
+            PDL=pdl.signals(gate_up.device),
             BLOCK=triton.next_power_of_2(n),
             num_warps=8,
         )

@@ -14,13 +14,50 @@ bandwidth on an H200 (the e4m3 dot: 47-88%; bench/tune_fp8_gemv.py).
 
 from __future__ import annotations
 
+import weakref
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
+from trtllm_gateway.engine.builtin.kernels import pdl
 from trtllm_gateway.engine.builtin.kernels.fp8_quant import QuantRows, quantize_rows
+from trtllm_gateway.engine.builtin.kernels.pdl import gdc_wait, prefetch_l2
 
 MAX_ROWS = 16
+
+
+@triton.jit
+def _finish(
+    acc,
+    m,
+    n,
+    M,
+    N,
+    scale_ptr,
+    xscale_ptr,
+    out_ptr,
+    stride_om,
+    RESIDUAL: tl.constexpr,
+    SCALED: tl.constexpr,
+    WIDEN: tl.constexpr,
+) -> None:
+    """The epilogue: both scales, the rounding to the output dtype, the residual add, the store."""
+    nmask = n < N
+    mmask = m < M
+    dt = out_ptr.dtype.element_ty
+    if SCALED:
+        acc *= tl.load(scale_ptr + n, mask=nmask, other=0.0)[None, :]
+    if WIDEN == 2:
+        acc *= tl.load(xscale_ptr + m, mask=mmask, other=0.0)[:, None]
+    omask = mmask[:, None] & nmask[None, :]
+    optr = out_ptr + m[:, None].to(tl.int64) * stride_om + n[None, :]
+    val = acc.to(dt)
+    if RESIDUAL:
+        r = tl.load(optr, mask=omask, other=0.0).to(tl.float32)
+        val = (r + val.to(tl.float32)).to(dt)
+    tl.store(optr, val, mask=omask)
 
 
 @triton.jit
@@ -30,15 +67,22 @@ def _skinny_kernel(
     scale_ptr,
     xscale_ptr,
     out_ptr,
+    part_ptr,
+    ticket_ptr,
     M,
     N,
     K,
+    K_SPLIT,
     stride_xm,
     stride_wn,
     stride_om,
     RESIDUAL: tl.constexpr,
     SCALED: tl.constexpr,
     WIDEN: tl.constexpr,  # e4m3 weights: 0 widen to the output dtype, 1 to fp16, 2 e4m3 dot
+    SPLITK: tl.constexpr,  # program_id(1) is a slice of K_SPLIT of K
+    PDL: tl.constexpr,  # launched early (pdl.py): prefetch PF_LINES lines a weight row, then wait
+    PF_LINES: tl.constexpr,
+    LINE: tl.constexpr,  # weight elements a 128-byte line
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ) -> None:
@@ -50,7 +94,19 @@ def _skinny_kernel(
     kk = tl.arange(0, BLOCK_K)
     dt = out_ptr.dtype.element_ty
     acc = tl.zeros([16, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = 0
+    k_hi = K
+    if SPLITK:  # slices of whole blocks: the last one's tail is masked like the unsplit one's
+        k_lo = tl.program_id(1) * K_SPLIT
+        k_hi = k_lo + K_SPLIT
+    if PDL:
+        # Only the weight is read before the wait: nothing before this kernel writes it.
+        if PF_LINES > 0:
+            pk = k_lo + tl.arange(0, PF_LINES) * LINE
+            pf = w_ptr + n[:, None].to(tl.int64) * stride_wn + pk[None, :]
+            prefetch_l2(tl.where(nmask[:, None] & (pk < K)[None, :], pf, w_ptr))
+        gdc_wait()
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + kk
         kmask = k < K
         xv = tl.load(
@@ -69,17 +125,68 @@ def _skinny_kernel(
             acc += tl.dot(xv, tl.trans(w))
         else:
             acc += tl.dot(xv.to(dt), tl.trans(w.to(dt)))
-    if SCALED:
-        acc *= tl.load(scale_ptr + n, mask=nmask, other=0.0)[None, :]
-    if WIDEN == 2:
-        acc *= tl.load(xscale_ptr + m, mask=mmask, other=0.0)[:, None]
-    omask = mmask[:, None] & nmask[None, :]
-    optr = out_ptr + m[:, None].to(tl.int64) * stride_om + n[None, :]
-    val = acc.to(dt)
-    if RESIDUAL:
-        r = tl.load(optr, mask=omask, other=0.0).to(tl.float32)
-        val = (r + val.to(tl.float32)).to(dt)
-    tl.store(optr, val, mask=omask)
+    if SPLITK:
+        # Each slice stores its partial sums; the last slice of a column tile to take a ticket
+        # adds them in slice order (the same bits whichever finishes last), resets the ticket for
+        # the next call (or graph replay) and runs the epilogue. acq_rel: the partials stored
+        # before a ticket are seen by the slice that takes the last one; .cg reads them from L2.
+        splits = tl.num_programs(1)
+        cols = m[:, None] * N + n[None, :]
+        tl.store(part_ptr + tl.program_id(1) * 16 * N + cols, acc, mask=nmask[None, :])
+        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel")
+        if ticket == splits - 1:
+            total = tl.zeros([16, BLOCK_N], tl.float32)
+            for s in range(0, splits):
+                total += tl.load(
+                    part_ptr + s * 16 * N + cols,
+                    mask=nmask[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+            tl.store(ticket_ptr + pid, 0)
+            _finish(
+                total,
+                m,
+                n,
+                M,
+                N,
+                scale_ptr,
+                xscale_ptr,
+                out_ptr,
+                stride_om,
+                RESIDUAL,
+                SCALED,
+                WIDEN,
+            )
+    else:
+        _finish(acc, m, n, M, N, scale_ptr, xscale_ptr, out_ptr, stride_om, RESIDUAL, SCALED, WIDEN)
+
+
+class _SplitSpace(NamedTuple):
+    partials: torch.Tensor  # float32 [splits, 16, N]
+    tickets: torch.Tensor  # int32 [column tiles], zero between calls
+
+
+# One workspace a weight (a layer's projection), made on its first split call and dropped with
+# the weight: a layer's calls run in stream order, and two engines never share a weight. Made
+# outside a CUDA graph capture where the engine warms up first; made inside one, its zeroing is
+# a node of the graph.
+_SPACES: dict[int, _SplitSpace] = {}
+
+
+def _split_space(weight: torch.Tensor, splits: int, tiles: int) -> _SplitSpace:
+    key = id(weight)
+    space = _SPACES.get(key)
+    n = weight.shape[0]
+    if space is None or space.partials.shape[0] < splits or space.tickets.shape[0] < tiles:
+        space = _SplitSpace(
+            torch.empty((splits, MAX_ROWS, n), dtype=torch.float32, device=weight.device),
+            torch.zeros((tiles,), dtype=torch.int32, device=weight.device),
+        )
+        if key not in _SPACES:
+            weakref.finalize(weight, _SPACES.pop, key, None)
+        _SPACES[key] = space
+    return space
 
 
 def skinny_linear(
@@ -94,9 +201,12 @@ def skinny_linear(
     widen: int = 0,
     out_dtype: torch.dtype | None = None,
     x_scale: torch.Tensor | None = None,
+    splits: int = 1,
 ) -> torch.Tensor:
     """x: [M, K], M <= 16; weight: [N, K] (e4m3 with scale: [N] float32). With residual [M, N]:
-    residual += x @ W.T, returned. The output is in x's dtype."""
+    residual += x @ W.T, returned. The output is in x's dtype. splits > 1: K is cut into that
+    many slices of whole blocks, each a program (split-K, for weights too narrow to give every
+    SM enough bytes in flight), summed in slice order by the last slice to finish."""
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and x.stride(1) == 1 and weight.stride(1) == 1
@@ -107,39 +217,56 @@ def skinny_linear(
     out = residual if residual is not None else torch.empty((m, n), dtype=dt, device=x.device)
     if m == 0:
         return out
-    _skinny_kernel[(triton.cdiv(n, block_n),)](
+    tiles = triton.cdiv(n, block_n)
+    k_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
+    splits = triton.cdiv(k, k_split)  # no empty slice
+    space = _split_space(weight, splits, tiles) if splits > 1 else None
+    early = widen == 2 and pdl.enabled(x.device)  # e4m3 weights: bench/decode_chain.py
+    lines = pdl.prefetch_lines(n * splits, k * weight.element_size()) if early else 0
+    _skinny_kernel[(tiles, splits)](
         x,
         weight,
         weight if scale is None else scale,
         weight if x_scale is None else x_scale,
         out,
+        out if space is None else space.partials,
+        out if space is None else space.tickets,
         m,
         n,
         k,
+        k_split,
         x.stride(0),
         weight.stride(0),
         out.stride(0),
         RESIDUAL=residual is not None,
         SCALED=scale is not None,
         WIDEN=widen,
+        SPLITK=space is not None,
+        PDL=early,
+        PF_LINES=lines,
+        LINE=pdl.LINE_BYTES // weight.element_size(),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=num_warps,
         num_stages=num_stages,
+        launch_pdl=early,
     )
     return out
 
 
-def fp8_tiles(n: int, k: int) -> tuple[int, int, int]:
-    """(block_n, block_k, stages) for an e4m3 [n, k] weight, best of bench/tune_fp8_gemv.py on an
-    H200 at 1 and 16 rows (2026-11-26): gate_up 28672x4096 88%, qkv 6144x4096 59%, down
-    4096x14336 64%, o 4096x4096 47% of copy bandwidth. A narrow weight gives too few programs to
-    keep enough bytes in flight; split-K would be the next step there."""
+def fp8_tiles(n: int, k: int) -> tuple[int, int, int, int]:
+    """(block_n, block_k, stages, splits) for an e4m3 [n, k] weight, best of
+    bench/tune_fp8_gemv.py on an H200 (2026-11-29, weights cycled past L2, 1 row; 16 rows the
+    same ranking): gate_up 28672x4096 89%, qkv 6144x4096 60%, o 4096x4096 49%, down 4096x14336
+    75% of copy bandwidth with 4 slices of K (70% unsplit). Split-K did not help qkv or o (48%
+    at 1 to 8 slices): a narrow weight's fixed cost a launch, not its programs, bounds them."""
     if n >= 16384:
-        return 64, 256, 3
-    if k >= 8192 or n <= 4096:
-        return 32, 1024, 3
-    return 64, 512, 4
+        return 64, 256, 3, 1
+    if k >= 8192:
+        return 64, 256, 4, 4
+    if n <= 4096:
+        return 32, 1024, 3, 1
+    return 64, 512, 4, 1
 
 
 def skinny_fp8(
@@ -152,9 +279,9 @@ def skinny_fp8(
     """x [M, K] bf16/fp16 (M <= 16), or already quantized per row; weight e4m3 [N, K] with scale
     [N]: x @ (W * scale).T with x rounded to e4m3 per row, in x's dtype (a QuantRows: out_dtype),
     into residual when given."""
-    bn, bk, stages = fp8_tiles(*weight.shape)
+    bn, bk, stages, splits = fp8_tiles(*weight.shape)
     if isinstance(x, QuantRows):
         return skinny_linear(
-            x.q, weight, residual, scale, bn, bk, stages, 4, 2, out_dtype, x_scale=x.scales
+            x.q, weight, residual, scale, bn, bk, stages, 4, 2, out_dtype, x.scales, splits
         )
-    return skinny_linear(x, weight, residual, scale, bn, bk, stages, 4, 2, x.dtype)
+    return skinny_linear(x, weight, residual, scale, bn, bk, stages, 4, 2, x.dtype, None, splits)
