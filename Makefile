@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ARGS ?=
 
-.PHONY: install clients model serve fmt lint typecheck test test-fast bench bench-cpu soak docker clean
+.PHONY: install clients model serve fmt lint typecheck test test-fast test-kernels bytecode bench bench-cpu soak docker clean
 
 install: $(VENV)/.installed
 
@@ -40,6 +40,18 @@ model: install  ## convert the packaged GGUF once and build the CPU kernels (cac
 	$(PY) -c "from trtllm_gateway.engine.model_source import resolve_model; print(resolve_model('default'))"
 	$(PY) -m trtllm_gateway.engine.builtin.cpu_kernels.build || echo "CPU kernels not built: dense float32 matmuls"
 
+# Bytecode for every module, written once: where PYTHONDONTWRITEBYTECODE is set (this project's
+# CI and dev images) no process writes it, and each server, engine core and CLI a test starts
+# compiles what it imports from source again (0.1-0.2 s a process on a 2-core VM).
+bytecode: install
+	$(PY) -m compileall -q trtllm_gateway tests bench
+
+# The AVX2 build, which tests/engine/conftest.py's variants run where this CPU has AVX2 (already
+# built where it is the native one); the portable build is tests/e2e/test_startup.py's own.
+test-kernels: install
+	GATEWAY_CPU_ISA=avx2 $(PY) -m trtllm_gateway.engine.builtin.cpu_kernels.build \
+		|| echo "no AVX2 kernels on this CPU: tests/engine runs the variants it has"
+
 serve: model
 	$(VENV)/bin/trtllm-gateway serve --host $(HOST) --port $(PORT) $(ARGS)
 
@@ -56,13 +68,14 @@ typecheck: install
 	$(VENV)/bin/mypy
 
 # The client venv installs (network) while the kernels compile (CPU), and lint and the type
-# check run beside the model's conversion; then the suite, with its slowest tests listed at the
+# check run beside the model's conversion (test-kernels: the AVX2 variant tests/engine also runs
+# on an AVX-512 CPU, built here rather than inside the first test that takes it); then the suite, with its slowest tests listed at the
 # end (where CI time goes). MALLOC_ARENA_MAX: every engine a
 # test starts loads and steps in a new thread, and glibc gives each thread's allocations an arena
 # of its own that keeps its freed pages; four engines in a row left 1.5 GiB resident (0.65 with
 # two arenas), and tests/engine starts dozens.
 test:
-	$(MAKE) --no-print-directory -j3 model clients lint typecheck
+	$(MAKE) --no-print-directory -j3 model clients lint typecheck test-kernels bytecode
 	MALLOC_ARENA_MAX=2 $(PY) -m pytest -m "not gpu" -q -p no:cacheprovider --durations=30
 
 test-fast: install

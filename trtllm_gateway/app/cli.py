@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtllm_gateway.config.gateway import GatewayConfig
 
 USAGE = """usage: trtllm-gateway COMMAND [ARGS]
 
@@ -19,11 +23,8 @@ commands:
 def serve(argv: list[str]) -> int:
     from pydantic import ValidationError
 
-    from trtllm_gateway.app.api_server_count import resolve_api_servers
-    from trtllm_gateway.app.main import create_app
-    from trtllm_gateway.app.server import GatewayServer, uvicorn_config
     from trtllm_gateway.config.settings import Settings
-    from trtllm_gateway.engine.factory import preflight
+    from trtllm_gateway.engine.factory import preflight, prestarted_core
     from trtllm_gateway.engine.protocol import EngineError
     from trtllm_gateway.web.logs import configure_logging
 
@@ -39,6 +40,16 @@ def serve(argv: list[str]) -> int:
     except (EngineError, ValueError) as exc:
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 1
+    # The core process starts importing torch and the engine now, while the app's modules load.
+    with prestarted_core(config):
+        return _serve(config)
+
+
+def _serve(config: GatewayConfig) -> int:
+    from trtllm_gateway.app.api_server_count import resolve_api_servers
+    from trtllm_gateway.app.main import create_app
+    from trtllm_gateway.app.server import GatewayServer, uvicorn_config
+
     config = resolve_api_servers(config)
     if config.server.api_server_count != 1:
         from trtllm_gateway.app.supervisor import supervise
@@ -49,6 +60,7 @@ def serve(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:  # an unreadable --api-key-file, a bad OTLP endpoint
         sys.stderr.write(f"trtllm-gateway serve: {exc}\n")
         return 2
+    server = config.server
     GatewayServer(uvicorn_config(app, server), app.state.drain, server.startup_timeout).run()
     return 0
 

@@ -7,6 +7,9 @@ DisaggConfig.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from trtllm_gateway.config.disagg import encode_siblings
 from trtllm_gateway.config.gateway import GatewayConfig
 from trtllm_gateway.engine.logits.load import load_class
@@ -53,6 +56,23 @@ def preflight(config: GatewayConfig) -> None:
             raise ValueError(reason)
     for path in engine.logits_processor:  # the engine imports it again where it runs
         load_class(path)
+
+
+@contextmanager
+def prestarted_core(config: GatewayConfig) -> Iterator[None]:
+    """Where the built-in core will run in its own process: start that process now, importing
+    the core's modules while the gateway imports and builds its app (engine/transport/process.py
+    prestart: a server ready 0.7-1.0 s sooner on a 2-core VM), for the launch inside the block
+    to take. One the block did not launch (a start that failed first) is ended as it exits."""
+    from trtllm_gateway.engine.transport.process import discard_warm, prestart
+
+    engine = config.engine
+    if engine.engine == "builtin" and engine.mode != "encode" and engine.engine_process:
+        prestart(("trtllm_gateway.engine.builtin.core",))
+    try:
+        yield
+    finally:
+        discard_warm()
 
 
 def launch_shared_core(config: GatewayConfig, addresses: tuple[Addresses, ...]) -> Launcher:

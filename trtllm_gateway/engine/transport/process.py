@@ -7,6 +7,12 @@ child's stdin (pickled, length-prefixed); stdin then stays open as the parent's 
 EOF when the gateway is gone, however it died, and the core exits (never an orphan). The gateway
 watches a pidfd of the child, readable the moment it exits.
 
+prestart(modules) starts the next core process early, before the gateway has imported its app:
+the child imports the core's modules (torch and the engine: 2-4 s on two cores) while the parent
+imports and builds its own, and then waits for its factory; launch() hands the factory to it
+instead of starting a process of its own. One that is never used is killed by discard_warm() (at
+the latest at the gateway's exit), or reads EOF and exits when the gateway died first.
+
 The child ignores SIGINT/SIGTERM: the gateway drains and then sends Stop, so a signal sent to the
 whole process group (a terminal's Ctrl-C, an init) cannot cut streams mid-drain. It also leads a
 process group of its own, so kill() ends what it started too (a first start's CPU-kernel
@@ -15,7 +21,9 @@ compilers would otherwise go on as orphans after a --startup-timeout).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import importlib
 import logging
 import os
 import pickle
@@ -32,6 +40,39 @@ from trtllm_gateway.engine.transport.loop import Addresses, run_core
 logger = logging.getLogger(__name__)
 
 _LEN = struct.Struct("!I")
+_MODULE = "trtllm_gateway.engine.transport.process"
+_WARM = "--import"  # the child's argument: modules to import before its factory arrives
+_warm: list[subprocess.Popen[bytes]] = []  # a prestarted core process, not yet launched
+
+
+def _spawn(modules: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    extra = [_WARM, ",".join(modules)] if modules else []
+    return subprocess.Popen(
+        [sys.executable, "-m", _MODULE, *extra], stdin=subprocess.PIPE, process_group=0
+    )
+
+
+def prestart(modules: tuple[str, ...]) -> None:
+    """Start the next core process now; it imports `modules` while this process goes on."""
+    if not _warm:
+        _warm.append(_spawn(modules))
+        atexit.register(discard_warm)
+
+
+def discard_warm() -> None:
+    """End a prestarted core process that no launch took: it holds nothing but its imports."""
+    while _warm:
+        proc = _warm.pop()
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        proc.kill()
+        proc.wait()
+
+
+def _take_warm() -> subprocess.Popen[bytes] | None:
+    proc = _warm.pop() if _warm else None
+    return proc if proc is not None and proc.poll() is None else None
 
 
 class ProcessLauncher:
@@ -49,11 +90,7 @@ class ProcessLauncher:
     def launch(self, addrs: Addresses | tuple[Addresses, ...]) -> None:
         """Start the core for one client, or for each API server (--api-server-count)."""
         payload = pickle.dumps((self.factory, self.log_level, addrs))
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "trtllm_gateway.engine.transport.process"],
-            stdin=subprocess.PIPE,
-            process_group=0,
-        )
+        self._proc = _take_warm() or _spawn()
         self._pidfd = os.pidfd_open(self._proc.pid)
         assert self._proc.stdin is not None
         self._proc.stdin.write(_LEN.pack(len(payload)) + payload)
@@ -101,7 +138,14 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stdin = sys.stdin.buffer
-    (size,) = _LEN.unpack(stdin.read(_LEN.size))
+    if sys.argv[1:2] == [_WARM]:  # prestarted: the core's imports before its factory arrives
+        for name in sys.argv[2].split(","):
+            with contextlib.suppress(Exception):  # a failing import fails again, reported, below
+                importlib.import_module(name)
+    head = stdin.read(_LEN.size)
+    if len(head) < _LEN.size:
+        return 0  # a prestarted process no launch took
+    (size,) = _LEN.unpack(head)
     factory, log_level, addrs = pickle.loads(stdin.read(size))
     logging.basicConfig(
         level=log_level.upper(),
