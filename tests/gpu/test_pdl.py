@@ -11,46 +11,57 @@ launch early: bench/decode_chain.py measured it slower); against the same calls 
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from tests.gpu.test_kernels import CUDA
 from trtllm_gateway.engine.builtin import fp8
-from trtllm_gateway.engine.builtin.kernels import pdl
-from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
-from trtllm_gateway.engine.builtin.kernels.pdl import gdc_launch_dependents
-from trtllm_gateway.engine.builtin.kernels.skinny_gemm import skinny_linear
+
+# triton (and the kernels, which import it) only where the tests run: CI's CPU venv has none.
 
 
-@triton.jit
-def _late_writer(
-    src_ptr, dst_ptr, res_src_ptr, res_ptr, sink_ptr, n, rn, spin, BLOCK: tl.constexpr
-) -> None:
-    """Signal dependents, spin, then copy src -> dst and res_src -> res (one program)."""
-    gdc_launch_dependents()
-    c = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], tl.float32) + 1.0
-    for _ in range(spin):  # a dependent chain the compiler cannot drop: its result is stored
-        acc = acc * 1.0000001 + 1e-7
-    tl.store(sink_ptr + c, acc)
-    for off in range(0, n, BLOCK):
-        m = off + c < n
-        tl.store(dst_ptr + off + c, tl.load(src_ptr + off + c, mask=m), mask=m)
-    for off in range(0, rn, BLOCK):
-        m = off + c < rn
-        tl.store(res_ptr + off + c, tl.load(res_src_ptr + off + c, mask=m), mask=m)
+@functools.cache
+def _late_writer() -> Any:
+    import triton
+    import triton.language as tl
+
+    from trtllm_gateway.engine.builtin.kernels.pdl import gdc_launch_dependents
+
+    @triton.jit
+    def kernel(
+        src_ptr, dst_ptr, res_src_ptr, res_ptr, sink_ptr, n, rn, spin, BLOCK: tl.constexpr
+    ) -> None:
+        """Signal dependents, spin, then copy src -> dst and res_src -> res (one program)."""
+        gdc_launch_dependents()
+        c = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], tl.float32) + 1.0
+        for _ in range(spin):  # a dependent chain the compiler cannot drop: its result is stored
+            acc = acc * 1.0000001 + 1e-7
+        tl.store(sink_ptr + c, acc)
+        for off in range(0, n, BLOCK):
+            m = off + c < n
+            tl.store(dst_ptr + off + c, tl.load(src_ptr + off + c, mask=m), mask=m)
+        for off in range(0, rn, BLOCK):
+            m = off + c < rn
+            tl.store(res_ptr + off + c, tl.load(res_src_ptr + off + c, mask=m), mask=m)
+
+    return kernel
 
 
 def late(src: torch.Tensor, dst: torch.Tensor, res_src: torch.Tensor, res: torch.Tensor) -> None:
-    """dst = src and res = res_src, written ~tens of microseconds after the kernel signals."""
+    """dst = src and res = res_src, written about a millisecond after the kernel signals."""
     sink = torch.empty(1024, device=CUDA)
     raw = (src.view(torch.uint8), dst.view(torch.uint8))
-    _late_writer[(1,)](*raw, res_src, res, sink, raw[0].numel(), res.numel(), 200000, BLOCK=1024)
+    n, rn = raw[0].numel(), res.numel()
+    _late_writer()[(1,)](*raw, res_src, res, sink, n, rn, 200000, BLOCK=1024)
 
 
 def test_pdl_is_on_for_this_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtllm_gateway.engine.builtin.kernels import pdl
+
     assert pdl.enabled(CUDA)  # Hopper or later: the lent GPUs
     monkeypatch.setenv(pdl.ENV, "0")
     assert not pdl.enabled(CUDA)
@@ -61,6 +72,10 @@ def test_pdl_is_on_for_this_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_early_gemm_waits_for_the_kernel_before_it(
     monkeypatch: pytest.MonkeyPatch, splits: int, graph: bool
 ) -> None:
+    from trtllm_gateway.engine.builtin.kernels import pdl
+    from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
+    from trtllm_gateway.engine.builtin.kernels.skinny_gemm import skinny_linear
+
     torch.manual_seed(7)
     n, k, rows = 4096, 4096, 2
     w16 = (torch.randn(n, k, device=CUDA) * 0.02).to(torch.bfloat16)

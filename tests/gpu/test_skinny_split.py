@@ -10,8 +10,8 @@ import torch
 
 from tests.gpu.test_kernels import CUDA, rel_err
 from trtllm_gateway.engine.builtin import fp8
-from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
-from trtllm_gateway.engine.builtin.kernels.skinny_gemm import _SPACES, skinny_linear
+
+# The kernels import triton, which CI's CPU venv lacks: imported inside the tests, as elsewhere.
 
 SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336), (1536, 576), (100, 520)]
 
@@ -23,6 +23,9 @@ SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336), (1536, 576), (100, 520)]
 def test_split_k_equals_the_unsplit_kernel_and_repeats_its_bits(
     rows: int, n: int, k: int, splits: int, fp8_weights: bool
 ) -> None:
+    from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
+    from trtllm_gateway.engine.builtin.kernels.skinny_gemm import _SPACES, skinny_linear
+
     torch.manual_seed(rows * n + k)
     w16 = (torch.randn(n, k, device=CUDA) * 0.02).to(torch.bfloat16)
     x16 = torch.randn(rows, k, device=CUDA).to(torch.bfloat16)
@@ -55,6 +58,9 @@ def test_split_k_equals_the_unsplit_kernel_and_repeats_its_bits(
 def test_split_k_replays_from_a_cuda_graph() -> None:
     """Captured once and replayed many times: each replay's tickets start at zero (the last
     slice resets them), so every replay gives the eager call's bits."""
+    from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
+    from trtllm_gateway.engine.builtin.kernels.skinny_gemm import skinny_linear
+
     torch.manual_seed(1)
     w = (torch.randn(4096, 4096, device=CUDA) * 0.02).to(torch.bfloat16)
     q, scale = fp8.quantize_weight(w)
