@@ -71,8 +71,11 @@ def discard_warm() -> None:
 
 
 def _take_warm() -> subprocess.Popen[bytes] | None:
-    proc = _warm.pop() if _warm else None
-    return proc if proc is not None and proc.poll() is None else None
+    """The prestarted process, when there is one and it is alive (else a fresh one is started)."""
+    if _warm and _warm[-1].poll() is None:
+        return _warm.pop()
+    discard_warm()
+    return None
 
 
 class ProcessLauncher:

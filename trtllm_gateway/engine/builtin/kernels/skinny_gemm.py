@@ -9,7 +9,13 @@ add. Measured on an H200 (M = 1, graph replay): o_proj 87% of copy bandwidth aga
 FP8 weights (--quantization fp8): W is e4m3 with one float32 scale per output channel, x is
 quantized per row to e4m3 first, and the tiles meet in the FP8 tensor-core dot; both scales are
 applied to the float32 sum. Widening W to bf16 in registers instead reached only 37-65% of copy
-bandwidth on an H200 (the e4m3 dot: 47-88%; bench/tune_fp8_gemv.py).
+bandwidth on an H200 (the e4m3 dot: 47-88%; bench/tune_fp8_gemv.py). The e4m3 kernel launches
+early on Hopper (pdl.py): it prefetches the head of its weight into L2 while the kernel before
+it runs, and waits for that kernel before it reads x or the residual.
+
+Split-K (splits > 1): each program sums one slice of K; the slices' float32 partials meet in a
+workspace of the weight's own, added in slice order by the slice that finishes last, so a call
+gives the same bits whichever order the slices ran in (down_proj's e4m3 weight: 4 slices).
 """
 
 from __future__ import annotations
