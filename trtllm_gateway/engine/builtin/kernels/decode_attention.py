@@ -22,8 +22,6 @@ import triton.language as tl
 
 from trtllm_gateway.engine.builtin.kernels import decode_attention_e4m3 as e4m3
 from trtllm_gateway.engine.builtin.kernels import decode_attention_heads as all_heads
-from trtllm_gateway.engine.builtin.kernels import pdl
-from trtllm_gateway.engine.builtin.kernels.pdl import gdc_launch_dependents
 
 # (tokens per tile, warps, pipeline stages) of decode_attention_e4m3's kernel. bench.attn_variants
 # on an H200, 2026-11-28, two calls, one split: at the 8B shape, batch 256 and 1,536 tokens,
@@ -161,10 +159,7 @@ def _decode_reduce_kernel(
     S_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
-    PDL: tl.constexpr,  # let o_proj's skinny GEMM launch now (pdl.py)
 ) -> None:
-    if PDL:
-        gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
@@ -341,7 +336,6 @@ def decode_attention(
             S_PAD=max(2, triton.next_power_of_2(num_splits)),
             HEAD_DIM=dim,
             D_PAD=d_pad,
-            PDL=pdl.signals(q.device),
             num_warps=4,
         )
     return out

@@ -34,7 +34,7 @@ def _rmsnorm_kernel(
     s_ptr,
     ADD: tl.constexpr,
     QUANT: tl.constexpr,  # out is e4m3, s_ptr gets the row's scale
-    PDL: tl.constexpr,  # let the skinny GEMM after it launch now (pdl.py)
+    PDL: tl.constexpr,  # (with QUANT) let the e4m3 skinny GEMM after it launch now (pdl.py)
     BLOCK: tl.constexpr,
 ) -> None:
     if PDL:
@@ -114,18 +114,14 @@ def _rms_norm(
             scales if scales is not None else x,
             ADD=residual is not None,
             QUANT=scales is not None,
-            PDL=pdl.signals(x.device),
+            PDL=scales is not None and pdl.signals(x.device),
             BLOCK=triton.next_power_of_2(n),
             num_warps=4 if n <= 4096 else 8,
         )
 
 
 @triton.jit
-def _silu_mul_kernel(
-    gu_ptr, out_ptr, stride_gu, stride_o, n, PDL: tl.constexpr, BLOCK: tl.constexpr
-) -> None:
-    if PDL:
-        gdc_launch_dependents()
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_o, n, BLOCK: tl.constexpr) -> None:
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = c < n
@@ -144,14 +140,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if rows:
         block = 1024
         _silu_mul_kernel[(rows, triton.cdiv(n, block))](
-            gate_up,
-            out,
-            gate_up.stride(0),
-            out.stride(0),
-            n,
-            PDL=pdl.signals(gate_up.device),
-            BLOCK=block,
-            num_warps=4,
+            gate_up, out, gate_up.stride(0), out.stride(0), n, BLOCK=block, num_warps=4
         )
     return out
 
