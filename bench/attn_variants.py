@@ -179,7 +179,7 @@ def decode_attention_t(
         _decode_reduce_kernel[(bsz, hq)](
             mid_o, mid_lse, out, out.stride(0), out.stride(1), num_splits,
             NUM_HEADS=hq, S_PAD=max(2, triton.next_power_of_2(num_splits)),
-            HEAD_DIM=dim, D_PAD=d_pad, num_warps=4,
+            HEAD_DIM=dim, D_PAD=d_pad, PDL=False, num_warps=4,
         )  # fmt: skip
     return out
 

@@ -1,13 +1,16 @@
 """The batch-1 decode chain of the 8B shape, kernel for kernel, in variants: programmatic dependent
-launch (kernels/pdl.py) on and off, the L2 prefetch's size, down_proj's split-K on and off.
+launch (kernels/pdl.py) off, on for every kernel of the chain, and on with RoPE + KV store and
+decode attention (with its merge) each launched early or plainly (their `early`; the FP8
+kernels' own edges, the RMSNorms, SiLU-mul, the row quantization and the GEMMs, stay early).
+The engine launches RoPE + KV store and attention plainly: with FP8 weights they gained nothing
+here, with bf16 they gained here but the engine's batch-1 step lost 0.8% (2026-11-29).
 
 Each layer runs what the engine's skinny path runs at batch 1 (model.py _forward_skinny): the
-RMSNorm (quantizing for FP8), the qkv projection, decode attention over a 1,152-token paged cache,
-o_proj into the residual (FP8: its row quantization first), the RMSNorm, gate_up, SiLU-mul, down
-into the residual; bf16 projects qkv and gate_up with cuBLAS, as the engine does. Random weights,
-one CUDA graph of all layers, the median replay. RoPE + KV store is left out (no PDL edge). Only
-the e4m3 skinny GEMM launches early (kernels/skinny_gemm.py); with bf16 weights every variant
-runs the same kernels (this is how the bf16 case was measured slower with it on: 2026-11-29).
+RMSNorm (quantizing for FP8), the qkv projection, RoPE + KV store, decode attention over a
+1,152-token paged cache, o_proj into the residual, the RMSNorm, gate_up, SiLU-mul, down into the
+residual; bf16 projects qkv and gate_up with cuBLAS, as the engine does. Random weights, one
+CUDA graph of all layers, the median replay. bf16's early variants launch its RMSNorm early too
+(its skinny GEMMs never: measured slower on 2026-11-29).
 
   python -m bench.decode_chain [--layers 32] [--dtype fp8 bf16] [--rounds 3]
 """
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 from bench.device import copy_bandwidth
 from bench.profile_decode import graphed
 from trtllm_gateway.engine.builtin import fp8
-from trtllm_gateway.engine.builtin.kernels import pdl, skinny_gemm
+from trtllm_gateway.engine.builtin.kernels import pdl
 from trtllm_gateway.engine.builtin.kernels.decode_attention import choose_splits, decode_attention
 from trtllm_gateway.engine.builtin.kernels.fp8_quant import QuantRows
 from trtllm_gateway.engine.builtin.kernels.fused_ops import (
@@ -35,22 +39,23 @@ from trtllm_gateway.engine.builtin.kernels.fused_ops import (
     silu_mul,
     silu_mul_fp8,
 )
+from trtllm_gateway.engine.builtin.kernels.rope_store import rope_and_store
 from trtllm_gateway.engine.builtin.kernels.skinny_gemm import skinny_fp8, skinny_linear
+from trtllm_gateway.engine.builtin.model_config import ModelConfig
+from trtllm_gateway.engine.builtin.rope import RotaryEmbedding
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, PAGE, CTX = 4096, 14336, 32, 8, 128, 16, 1152
 CUDA = torch.device("cuda")
-# (name, GATEWAY_PDL, pdl.SIGNAL, pdl.PREFETCH_BYTES, down_proj unsplit)
+SHAPE = Path("trtllm_gateway/config/models/llama-3.1-8b.json")
+# (name, GATEWAY_PDL, (RoPE + KV store, attention) launched early where PDL is on)
 VARIANTS = [
-    ("off", "0", True, 4 << 20, False),
-    ("pdl, no prefetch", "1", True, 0, False),
-    ("pdl, prefetch 2 MB", "1", True, 2 << 20, False),
-    ("pdl, prefetch 4 MB", "1", True, 4 << 20, False),
-    ("pdl, prefetch 8 MB", "1", True, 8 << 20, False),
-    ("pdl, 4 MB, no signal", "1", False, 4 << 20, False),
-    ("pdl, 4 MB, down unsplit", "1", True, 4 << 20, True),
-    ("off, down unsplit", "0", True, 4 << 20, True),
+    ("off", "0", (True, True)),
+    ("on", "1", (True, True)),
+    ("on, RoPE early, attention plain", "1", (True, False)),
+    ("on, RoPE plain, attention early", "1", (False, True)),
+    ("on, RoPE and attention plain", "1", (False, False)),
 ]
-UNSPLIT = (32, 1024, 3, 1)  # fp8_tiles' down_proj before split-K
+SHARED = (True, True)  # the variant's third field
 
 
 def weight(n: int, k: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -78,16 +83,23 @@ def layer_fn(dtype: str) -> tuple[Callable[[], None], int]:
     residual = torch.randn(1, HIDDEN, device=CUDA).to(torch.bfloat16)
     nbytes = sum(t.numel() * t.element_size() for t in (qkv, o, gu, down))
 
+    rope = RotaryEmbedding(ModelConfig.from_file(SHAPE), 4096).to(CUDA)
+    pos = torch.tensor([CTX - 1], device=CUDA)
+    slot = torch.tensor([CTX - 1], device=CUDA)
+    shape = (HEADS, KV_HEADS, HEAD_DIM)
+
     def run() -> None:
+        rope_early, attn_early = (pdl.enabled(CUDA) and e for e in SHARED)
+        early = rope_early or attn_early  # bf16's RMSNorm
         if dtype == "fp8":
             assert s_qkv is not None and s_o is not None and s_gu is not None
             assert s_down is not None
             x = QuantRows(*rms_norm_fp8(residual, ln, 1e-5))
             h = skinny_fp8(x, qkv, s_qkv, out_dtype=torch.bfloat16)
         else:
-            h = F.linear(rms_norm(residual, ln, 1e-5), qkv)
-        q = h[:, : HEADS * HEAD_DIM].view(1, HEADS, HEAD_DIM)
-        a = decode_attention(q, kc, vc, bt, lens, HEAD_DIM**-0.5, PAGE, splits)
+            h = F.linear(rms_norm(residual, ln, 1e-5, early=early), qkv)
+        q = rope_and_store(h, pos, rope.cos, rope.sin, kc, vc, slot, *shape, early=rope_early)
+        a = decode_attention(q, kc, vc, bt, lens, HEAD_DIM**-0.5, PAGE, splits, early=attn_early)
         a2 = a.view(1, HEADS * HEAD_DIM)
         if dtype == "fp8":
             assert s_o is not None and s_gu is not None and s_down is not None
@@ -97,16 +109,10 @@ def layer_fn(dtype: str) -> tuple[Callable[[], None], int]:
             skinny_fp8(QuantRows(*silu_mul_fp8(g)), down, s_down, residual, torch.bfloat16)
         else:
             skinny_linear(a2, o, residual)
-            g = F.linear(rms_norm(residual, ln, 1e-5), gu)
+            g = F.linear(rms_norm(residual, ln, 1e-5, early=early), gu)
             skinny_linear(silu_mul(g), down, residual)
 
     return run, nbytes
-
-
-def unsplit_down(
-    tiles: Callable[[int, int], tuple[int, int, int, int]],
-) -> Callable[[int, int], tuple[int, int, int, int]]:
-    return lambda n, k: UNSPLIT if k >= 8192 else tiles(n, k)
 
 
 def chain(fns: list[Callable[[], None]]) -> None:
@@ -115,26 +121,24 @@ def chain(fns: list[Callable[[], None]]) -> None:
 
 
 def main() -> None:
+    global SHARED
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--dtype", nargs="+", default=["fp8"])
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     bw = copy_bandwidth(CUDA)
-    shipped = skinny_gemm.fp8_tiles
     for dtype in args.dtype:
         layers = [layer_fn(dtype) for _ in range(args.layers)]
         nbytes = sum(b for _, b in layers)
         res: dict[str, list[float]] = {name: [] for name, *_ in VARIANTS}
         for _ in range(args.rounds):  # variants interleaved, each its own capture
-            for name, env, signal, prefetch, unsplit in VARIANTS:
+            for name, env, shared in VARIANTS:
                 os.environ[pdl.ENV] = env
-                pdl.SIGNAL, pdl.PREFETCH_BYTES = signal, prefetch
-                skinny_gemm.fp8_tiles = unsplit_down(shipped) if unsplit else shipped
-
+                SHARED = shared
                 res[name].append(graphed(lambda fns=[f for f, _ in layers]: chain(fns), 1))
         os.environ.pop(pdl.ENV, None)
-        skinny_gemm.fp8_tiles = shipped
+        SHARED = (True, True)
         out: dict[str, Any] = {
             "dtype": dtype,
             "layers": args.layers,

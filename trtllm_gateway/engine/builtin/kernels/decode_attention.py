@@ -22,6 +22,7 @@ import triton.language as tl
 
 from trtllm_gateway.engine.builtin.kernels import decode_attention_e4m3 as e4m3
 from trtllm_gateway.engine.builtin.kernels import decode_attention_heads as all_heads
+from trtllm_gateway.engine.builtin.kernels import pdl
 
 # (tokens per tile, warps, pipeline stages) of decode_attention_e4m3's kernel. bench.attn_variants
 # on an H200, 2026-11-28, two calls, one split: at the 8B shape, batch 256 and 1,536 tokens,
@@ -69,7 +70,9 @@ def _decode_split_kernel(
     IEEE: tl.constexpr,
     F16: tl.constexpr,  # an e4m3 cache under a bf16 query: compute in fp16 (see decode_attention)
     PAGED_BT: tl.constexpr,  # one block-table load per page of the tile, not one per token
+    PDL: tl.constexpr,  # launched early (pdl.early_start)
 ) -> None:
+    pdl.early_start(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -159,7 +162,9 @@ def _decode_reduce_kernel(
     S_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
+    PDL: tl.constexpr,  # launched early (pdl.early_start)
 ) -> None:
+    pdl.early_start(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
@@ -212,6 +217,7 @@ def decode_attention(
     paged_bt: bool | None = None,
     words: bool | None = None,
     heads: bool | str | None = None,
+    early: bool = False,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; caches: [slots, Hk, D]; block_tables: [B, W] int32; ctx_lens: [B] int32.
     kv_scales: (k_scale, v_scale) of an e4m3 cache (1.0 for others).
@@ -229,6 +235,9 @@ def decode_attention(
     words: read an e4m3 cache as 16-bit words (decode_attention_e4m3; None: wherever it can).
     heads: with words, all KV heads of a sequence in one program (decode_attention_heads; None:
     takes_all_heads; "pad": one power-of-two piece of a token row, the rest masked).
+    early: both kernels launched early where the GPU takes it (pdl.py). The engine does not:
+    in the batch-1 chain it gained nothing beside the FP8 kernels' own early launches, and lost
+    with bf16 weights (bench/decode_chain.py, 2026-11-29).
 
     Returns [B, Hq, D] in q's dtype. Launch shapes depend only on B and num_splits, so the call
     can be captured in a CUDA graph.
@@ -241,6 +250,7 @@ def decode_attention(
         out = torch.empty((bsz, hq, dim), dtype=q.dtype, device=q.device)
     if bsz == 0:
         return out
+    early = early and pdl.enabled(q.device)
     ieee = q.dtype == torch.float32
     if f16 is None:
         f16 = k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
@@ -306,12 +316,18 @@ def decode_attention(
             SPLIT=num_splits > 1, GROUP=group, NUM_HEADS=hq, ROWS=rows, HEAD_DIM=dim,
             COLS_A=cols_a, COLS_B=cols_b,
             ROW_WORDS=hk * dim // 2, D_PAD=d_pad, PAGE=page, BLOCK_N=max(block_n, page),
-            num_warps=warps, num_stages=stages,
+            PDL=early, num_warps=warps, num_stages=stages, launch_pdl=early,
         )  # fmt: skip
     elif words:
         block_n, warps, stages = config or E4M3_WORDS_CONFIG
         e4m3._decode_e4m3_kernel[(bsz, hk, num_splits)](
-            *args, **shape, BLOCK_N=max(block_n, page), num_warps=warps, num_stages=stages
+            *args,
+            **shape,
+            BLOCK_N=max(block_n, page),
+            PDL=early,
+            num_warps=warps,
+            num_stages=stages,
+            launch_pdl=early,
         )
     else:
         _decode_split_kernel[(bsz, hk, num_splits)](
@@ -321,8 +337,10 @@ def decode_attention(
             IEEE=ieee,
             F16=f16,
             PAGED_BT=paged_bt,
+            PDL=early,
             num_warps=warps,
             num_stages=stages,
+            launch_pdl=early,
         )
     if num_splits > 1:
         _decode_reduce_kernel[(bsz, hq)](
@@ -336,7 +354,9 @@ def decode_attention(
             S_PAD=max(2, triton.next_power_of_2(num_splits)),
             HEAD_DIM=dim,
             D_PAD=d_pad,
+            PDL=early,
             num_warps=4,
+            launch_pdl=early,
         )
     return out
 

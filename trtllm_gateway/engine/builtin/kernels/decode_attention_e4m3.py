@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from trtllm_gateway.engine.builtin.kernels import pdl
+
 
 @triton.jit
 def _widen_pairs(x):
@@ -71,7 +73,9 @@ def _decode_e4m3_kernel(
     D_PAD: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,  # a multiple of PAGE (decode_attention launches it)
+    PDL: tl.constexpr,  # launched early (pdl.early_start)
 ) -> None:
+    pdl.early_start(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from trtllm_gateway.engine.builtin.kernels import pdl
 from trtllm_gateway.engine.builtin.kernels.decode_attention_e4m3 import _widen_pairs
 
 MAX_ROWS = 16  # query heads a program holds: one MMA's rows
@@ -92,7 +93,9 @@ def _decode_heads_kernel(
     D_PAD: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,  # a multiple of PAGE
+    PDL: tl.constexpr,  # launched early (pdl.early_start)
 ) -> None:
+    pdl.early_start(PDL)
     b = tl.program_id(0)
     split = tl.program_id(1)
     ctx = tl.load(lens_ptr + b)

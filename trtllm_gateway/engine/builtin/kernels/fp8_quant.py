@@ -12,7 +12,6 @@ import triton.language as tl
 
 from trtllm_gateway.engine.builtin.fp8 import E4M3_MAX, FP8, MIN_SCALE
 from trtllm_gateway.engine.builtin.kernels import pdl
-from trtllm_gateway.engine.builtin.kernels.pdl import gdc_launch_dependents
 
 
 class QuantRows(NamedTuple):
@@ -32,11 +31,10 @@ def _quant_rows_kernel(
     stride_q,
     E4M3: tl.constexpr,
     MIN_S: tl.constexpr,
-    PDL: tl.constexpr,  # let the skinny GEMM after it launch now (pdl.py)
+    PDL: tl.constexpr,  # launched early (pdl.early_start)
     BLOCK: tl.constexpr,
 ) -> None:
-    if PDL:
-        gdc_launch_dependents()
+    pdl.early_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, BLOCK)
     mask = k < K
@@ -55,6 +53,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
         block = triton.next_power_of_2(k)
+        early = pdl.enabled(x.device)
         _quant_rows_kernel[(m,)](
             x,
             q,
@@ -64,8 +63,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             q.stride(0),
             E4M3=E4M3_MAX,
             MIN_S=MIN_SCALE,
-            PDL=pdl.signals(x.device),
+            PDL=early,
             BLOCK=block,
             num_warps=8 if block >= 4096 else 4,
+            launch_pdl=early,
         )
     return q, s

@@ -6,7 +6,9 @@ product with up. One program per row (per row and column block for SiLU).
 
 The `_fp8` variants feed an Fp8Linear on the decode path: the same values, rounded to the model
 dtype, then quantized per row to e4m3 as fp8.quantize_rows does, in the same pass (one launch
-instead of two: 96 fewer a step for an 8B model).
+instead of two: 96 fewer a step for an 8B model). Launched early on Hopper (pdl.py): the
+quantizing variants always, plain RMSNorm where its caller asks (the engine does not:
+decode_attention says why).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import triton.language as tl
 
 from trtllm_gateway.engine.builtin.fp8 import FP8
 from trtllm_gateway.engine.builtin.kernels import pdl
-from trtllm_gateway.engine.builtin.kernels.pdl import gdc_launch_dependents
 
 
 @triton.jit
@@ -34,11 +35,10 @@ def _rmsnorm_kernel(
     s_ptr,
     ADD: tl.constexpr,
     QUANT: tl.constexpr,  # out is e4m3, s_ptr gets the row's scale
-    PDL: tl.constexpr,  # (with QUANT) let the e4m3 skinny GEMM after it launch now (pdl.py)
+    PDL: tl.constexpr,  # launched early (pdl.early_start)
     BLOCK: tl.constexpr,
 ) -> None:
-    if PDL:
-        gdc_launch_dependents()
+    pdl.early_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     mask = c < n
@@ -72,11 +72,16 @@ def _store_e4m3_row(v, ptr, mask, s_ptr) -> None:
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    early: bool = False,
 ) -> torch.Tensor:
-    """Without residual: norm(x). With residual: residual += x in place, return norm(residual)."""
+    """Without residual: norm(x). With residual: residual += x in place, return norm(residual).
+    early: launched early where the GPU takes it (pdl.py)."""
     out = torch.empty_like(x)
-    _rms_norm(x, weight, eps, residual, out, None)
+    _rms_norm(x, weight, eps, residual, out, None, early and pdl.enabled(x.device))
     return out
 
 
@@ -87,7 +92,7 @@ def rms_norm_fp8(
     fp8.quantize_rows(rms_norm(x, weight, eps)), bit for bit."""
     out = torch.empty(x.shape, dtype=FP8, device=x.device)
     scales = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
-    _rms_norm(x, weight, eps, None, out, scales)
+    _rms_norm(x, weight, eps, None, out, scales, pdl.enabled(x.device))
     return out, scales
 
 
@@ -98,6 +103,7 @@ def _rms_norm(
     residual: torch.Tensor | None,
     out: torch.Tensor,
     scales: torch.Tensor | None,
+    early: bool,
 ) -> None:
     rows, n = x.shape
     if rows:
@@ -114,9 +120,10 @@ def _rms_norm(
             scales if scales is not None else x,
             ADD=residual is not None,
             QUANT=scales is not None,
-            PDL=scales is not None and pdl.signals(x.device),
+            PDL=early,
             BLOCK=triton.next_power_of_2(n),
             num_warps=4 if n <= 4096 else 8,
+            launch_pdl=early,
         )
 
 
@@ -149,8 +156,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def _silu_mul_fp8_kernel(
     gu_ptr, out_ptr, s_ptr, stride_gu, stride_o, n, PDL: tl.constexpr, BLOCK: tl.constexpr
 ) -> None:
-    if PDL:
-        gdc_launch_dependents()
+    pdl.early_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     mask = c < n
@@ -170,6 +176,7 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty((rows, n), dtype=FP8, device=gate_up.device)
     scales = torch.empty((rows, 1), dtype=torch.float32, device=gate_up.device)
     if rows:
+        early = pdl.enabled(gate_up.device)
         _silu_mul_fp8_kernel[(rows,)](
             gate_up,
             out,
@@ -177,8 +184,9 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             gate_up.stride(0),
             out.stride(0),
             n,
-            PDL=pdl.signals(gate_up.device),
+            PDL=early,
             BLOCK=triton.next_power_of_2(n),
             num_warps=8,
+            launch_pdl=early,
         )
     return out, scales

@@ -2,11 +2,18 @@
 
 A batch-1 decode step is a chain of short kernels; each skinny GEMM reads its weight once, and on
 an H200 a 16 MB weight takes ~4 us at copy bandwidth, about what a kernel boundary costs. With
-PDL the skinny GEMM is launched while the kernel before it still runs (that kernel signals
-`gdc_launch_dependents` as it starts): the GEMM prefetches the head of its weight into L2, then
-waits (`gdc_wait`) for everything the kernel before it wrote, and only then reads its
-activations. The wait makes it exact whatever kernel comes before: one that never signals
-simply lets it start when it completes.
+PDL a kernel of the FP8 chain (RMSNorm, the projections, RoPE + KV store, decode attention and
+its merge, SiLU-mul, the row quantization) is launched while the kernel before it still runs:
+each waits (`gdc_wait`) for everything the kernel before it wrote before it reads or writes
+anything, then signals `gdc_launch_dependents`, so the next one's programs are resident before
+it ends (early_start). Signalled after the wait, not before: a kernel that signals as it starts
+lets the next launch and signal at once, and so on down the chain, until waiting programs of
+kernels far ahead hold the SMs the running one needs (measured: 0.2 ms a step slower than no
+early launch at all, bench/decode_chain.py, 2026-11-29). The skinny GEMM prefetches the head of
+its weight into L2 before its wait: nothing in the chain writes a weight. The wait makes a
+kernel exact whatever comes before it: one that never signals simply lets it start when it
+completes, and since that kernel waited for its own predecessor, the chain is ordered end to
+end.
 
 `GATEWAY_PDL=0` turns it off (the A/B of bench.offline's batch-1 decode); it is off below
 compute capability 9.0, where the griddepcontrol instructions do not exist.
@@ -25,16 +32,15 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 ENV = "GATEWAY_PDL"
 LINE_BYTES = 128  # an L2 prefetch fetches one 128-byte line
 PREFETCH_BYTES = 4 << 20  # of a weight, prefetched while the kernel before runs
-SIGNAL = True  # the kernels before a skinny GEMM signal it as they start
 
 __all__ = [
     "ENV",
+    "early_start",
     "enabled",
     "gdc_launch_dependents",
     "gdc_wait",
     "prefetch_l2",
     "prefetch_lines",
-    "signals",
 ]
 
 
@@ -48,12 +54,6 @@ def enabled(device: torch.device) -> bool:
     if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def signals(device: torch.device) -> bool:
-    """Whether a kernel that may come before a skinny GEMM signals it to launch (SIGNAL: the
-    benchmark's switch, bench/decode_chain.py)."""
-    return SIGNAL and enabled(device)
 
 
 def prefetch_lines(rows: int, row_bytes: int) -> int:
@@ -74,3 +74,12 @@ def prefetch_l2(ptrs) -> None:
         is_pure=False,
         pack=1,
     )
+
+
+@triton.jit
+def early_start(PDL: tl.constexpr) -> None:
+    """The first statement of a kernel launched early (launch_pdl=PDL): wait for everything the
+    kernel before it wrote, then let the kernel after it launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

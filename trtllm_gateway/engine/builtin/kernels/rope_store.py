@@ -4,6 +4,7 @@ Rotates the query heads in place inside the qkv projection output (rotate-half f
 math as in the portable path), rotates the key heads and writes them with the value heads to the
 cache slot of the token. A negative slot (a padded CUDA-graph row) writes nothing to the cache.
 An e4m3 cache (--kv-cache-dtype fp8) stores K / k_scale and V / v_scale, rounded (fp8.quantize_kv).
+Launched early where the caller asks (pdl.py; the engine does not: decode_attention says why).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from trtllm_gateway.engine.builtin.kernels import pdl
 
 
 @triton.jit
@@ -37,7 +40,9 @@ def _rope_store_kernel(
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     FP8_KV: tl.constexpr,
+    PDL: tl.constexpr,  # launched early (pdl.early_start)
 ) -> None:
+    pdl.early_start(PDL)
     t = tl.program_id(0)
     pos = tl.load(pos_ptr + t)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -93,11 +98,14 @@ def rope_and_store(
     num_kv_heads: int,
     head_dim: int,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    early: bool = False,
 ) -> torch.Tensor:
     """qkv: [T, (Hq + 2 Hk) D], unit last stride. Returns the rotated queries, [T, Hq, D].
-    kv_scales: the layer's (k_scale, v_scale) of an e4m3 cache (unused otherwise)."""
+    kv_scales: the layer's (k_scale, v_scale) of an e4m3 cache (unused otherwise). early:
+    launched early where the GPU takes it (pdl.py)."""
     t = qkv.shape[0]
     assert qkv.stride(1) == 1 and cos.stride(1) == 1
+    early = early and pdl.enabled(qkv.device)
     if t:
         _rope_store_kernel[(t,)](
             qkv,
@@ -122,6 +130,8 @@ def rope_and_store(
             HEAD_DIM=head_dim,
             HALF_PAD=triton.next_power_of_2(head_dim // 2),
             FP8_KV=k_cache.dtype == torch.float8_e4m3fn,
+            PDL=early,
             num_warps=4,
+            launch_pdl=early,
         )
     return qkv[:, : num_heads * head_dim].view(t, num_heads, head_dim)

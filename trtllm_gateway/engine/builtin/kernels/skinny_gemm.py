@@ -11,7 +11,8 @@ quantized per row to e4m3 first, and the tiles meet in the FP8 tensor-core dot; 
 applied to the float32 sum. Widening W to bf16 in registers instead reached only 37-65% of copy
 bandwidth on an H200 (the e4m3 dot: 47-88%; bench/tune_fp8_gemv.py). The e4m3 kernel launches
 early on Hopper (pdl.py): it prefetches the head of its weight into L2 while the kernel before
-it runs, and waits for that kernel before it reads x or the residual.
+it runs, waits for that kernel before it reads x or the residual, then lets the kernel after it
+launch.
 
 Split-K (splits > 1): each program sums one slice of K; the slices' float32 partials meet in a
 workspace of the weight's own, added in slice order by the slice that finishes last, so a call
@@ -29,7 +30,7 @@ import triton.language as tl
 
 from trtllm_gateway.engine.builtin.kernels import pdl
 from trtllm_gateway.engine.builtin.kernels.fp8_quant import QuantRows, quantize_rows
-from trtllm_gateway.engine.builtin.kernels.pdl import gdc_wait, prefetch_l2
+from trtllm_gateway.engine.builtin.kernels.pdl import gdc_launch_dependents, gdc_wait, prefetch_l2
 
 MAX_ROWS = 16
 
@@ -112,6 +113,7 @@ def _skinny_kernel(
             pf = w_ptr + n[:, None].to(tl.int64) * stride_wn + pk[None, :]
             prefetch_l2(tl.where(nmask[:, None] & (pk < K)[None, :], pf, w_ptr))
         gdc_wait()
+        gdc_launch_dependents()  # after the wait: at most one kernel launched ahead (pdl.py)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + kk
         kmask = k < K
