@@ -50,10 +50,10 @@ SHAPE = Path("trtllm_gateway/config/models/llama-3.1-8b.json")
 # (name, GATEWAY_PDL, (RoPE + KV store, attention) launched early where PDL is on)
 VARIANTS = [
     ("off", "0", (True, True)),
-    ("on", "1", (True, True)),
+    ("on, RoPE and attention early", "1", (True, True)),
     ("on, RoPE early, attention plain", "1", (True, False)),
     ("on, RoPE plain, attention early", "1", (False, True)),
-    ("on, RoPE and attention plain", "1", (False, False)),
+    ("on, RoPE and attention plain (the engine)", "1", (False, False)),
 ]
 SHARED = (True, True)  # the variant's third field
 
