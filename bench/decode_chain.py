@@ -3,7 +3,8 @@ launch (kernels/pdl.py) off, on for every kernel of the chain, and on with RoPE 
 decode attention (with its merge) each launched early or plainly (their `early`; the FP8
 kernels' own edges, the RMSNorms, SiLU-mul, the row quantization and the GEMMs, stay early).
 The engine launches RoPE + KV store and attention plainly: with FP8 weights they gained nothing
-here, with bf16 they gained here but the engine's batch-1 step lost 0.8% (2026-11-29).
+here; with bf16 they gained here, but the engine's batch-1 step lost 0.8% (all three early) and
+0.5% (RoPE alone) on an H200 (2026-11-29): this chain does not predict the bf16 engine.
 
 Each layer runs what the engine's skinny path runs at batch 1 (model.py _forward_skinny): the
 RMSNorm (quantizing for FP8), the qkv projection, RoPE + KV store, decode attention over a
