@@ -2,18 +2,19 @@
 
 A batch-1 decode step is a chain of short kernels; each skinny GEMM reads its weight once, and on
 an H200 a 16 MB weight takes ~4 us at copy bandwidth, about what a kernel boundary costs. With
-PDL a kernel of the FP8 chain (RMSNorm, the projections, RoPE + KV store, decode attention and
-its merge, SiLU-mul, the row quantization) is launched while the kernel before it still runs:
-each waits (`gdc_wait`) for everything the kernel before it wrote before it reads or writes
-anything, then signals `gdc_launch_dependents`, so the next one's programs are resident before
-it ends (early_start). Signalled after the wait, not before: a kernel that signals as it starts
-lets the next launch and signal at once, and so on down the chain, until waiting programs of
-kernels far ahead hold the SMs the running one needs (measured: 0.2 ms a step slower than no
-early launch at all, bench/decode_chain.py, 2026-11-29). The skinny GEMM prefetches the head of
-its weight into L2 before its wait: nothing in the chain writes a weight. The wait makes a
-kernel exact whatever comes before it: one that never signals simply lets it start when it
-completes, and since that kernel waited for its own predecessor, the chain is ordered end to
-end.
+PDL a kernel of the FP8 chain (the quantizing RMSNorm, the e4m3 projections, SiLU-mul, the row
+quantization; RoPE + KV store, decode attention and plain RMSNorm where their caller asks, which
+the engine does not) is launched while the kernel before it still runs: each waits (`gdc_wait`)
+for everything the kernel before it wrote before it reads or writes anything, then signals
+`gdc_launch_dependents`, so the next one's programs are resident before it ends (early_start).
+Signalled after the wait, not before: a kernel that signals as it starts lets the next launch and
+signal at once, and so on down the chain, until waiting programs of kernels far ahead hold the
+SMs the running one needs (measured on an H200, bench/decode_chain.py, 2026-11-29: the 8B chain
+3.15 ms a step that way, 2.98-2.99 with no early launch, 2.78-2.80 signalling after the wait).
+The skinny GEMM prefetches the head of its weight into L2 before its wait: nothing in the chain
+writes a weight. The wait makes a kernel exact whatever comes before it: one that never signals
+simply lets it start when it completes, and since that kernel waited for its own predecessor,
+the chain is ordered end to end.
 
 `GATEWAY_PDL=0` turns it off (the A/B of bench.offline's batch-1 decode); it is off below
 compute capability 9.0, where the griddepcontrol instructions do not exist.
