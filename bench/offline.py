@@ -113,12 +113,19 @@ def _thread_cpu_s(tid: int | None) -> float:
 
 def roofline(engine: CoreClient, context: float) -> dict[str, Any]:
     """Bytes one batch-1 decode step must read (weights it touches + KV) over copy bandwidth."""
+    lm = thread_core(engine).loaded
+    assert lm is not None
+    return step_roofline(lm, context)
+
+
+def step_roofline(lm: Any, kv_tokens: float) -> dict[str, Any]:
+    """The byte roofline of a decode step over kv_tokens tokens of context in all (a
+    LoadedModel's): the weights it reads once plus that KV, over the copy bandwidth measured
+    now."""
     import torch
 
     from bench.device import copy_bandwidth
 
-    lm = thread_core(engine).loaded
-    assert lm is not None
     model, cfg = lm.model, lm.cfg
     # Parameters, and the weight buffers of FP8 layers (e4m3 weights and their scales).
     weights = [*model.parameters()]
@@ -126,7 +133,7 @@ def roofline(engine: CoreClient, context: float) -> dict[str, Any]:
     weight_bytes = sum(p.numel() * p.element_size() for p in weights)
     if not cfg.tie_word_embeddings:  # an untied embedding table is read one row per token
         weight_bytes -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
-    kv_bytes = cfg.kv_elems_per_token * lm.backend.kv_caches[0][0].element_size() * context
+    kv_bytes = cfg.kv_elems_per_token * lm.backend.kv_caches[0][0].element_size() * kv_tokens
     bw = copy_bandwidth(torch.device("cuda")) if lm.device.type == "cuda" else float("nan")
     return {
         "weight_bytes": weight_bytes,

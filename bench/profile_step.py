@@ -23,7 +23,7 @@ import statistics
 import time
 from typing import Any
 
-from bench.offline import engine_config_from, random_prompts
+from bench.offline import engine_config_from, random_prompts, step_roofline
 from bench.offline import parser as offline_parser
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
@@ -153,6 +153,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if cuda else None
     )
     periods, cpu, tokens = [], 0.0, 0
+    context_before = args.input_len + statistics.fmean(counts.values())
     with gpu if gpu is not None else contextlib.nullcontext():
         for _ in range(args.steps):
             t, c = time.perf_counter(), time.thread_time()
@@ -174,6 +175,12 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "functions_by_self_time": host_rows(prof_host, args.steps, args.top),
     }
     if gpu is not None:
+        # Each running sequence reads its whole context a step: the timed window's mean.
+        context = (context_before + report["context_tokens_mean"]) / 2
+        kv_tokens = report["running"] * context
+        roof = step_roofline(core.loaded, kv_tokens)
+        roof["fraction_of_roofline"] = roof["roofline_ms"] / report["host"]["step_period_ms_p50"]
+        report["roofline"] = roof
         report["gpu"] = kernel_table(gpu, args.steps, args.top)
         report["gpu"]["table"] = gpu.key_averages().table(
             sort_by="self_cuda_time_total", row_limit=args.top

@@ -51,20 +51,19 @@ def test_fp8_linear_per_layer_error(rows: int, n: int, k: int) -> None:
     x = torch.randn(rows, k, device=CUDA).to(torch.bfloat16)
     out = layer(x)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
-    # Both paths (skinny kernel up to 16 rows, torch._scaled_mm above) compute fake_linear's
-    # arithmetic: operands rounded to e4m3 with their scales, float32 sums.
+    # Every path (skinny kernel up to 16 rows, fp8_gemm's kernel or torch._scaled_mm above)
+    # computes fake_linear's arithmetic: operands rounded to e4m3 with their scales, float32 sums.
     ref = fp8.fake_linear(x.double(), layer.weight, layer.weight_scale, None).double()
     assert rel_err(out, ref) < 1e-2
     dense = rel_err(out, x.double() @ lin.weight.double().T)
     assert dense < 0.06, dense  # against bf16: e4m3's rounding of the operands, a few percent
-    # Into a residual (the skinny path's o_proj / down_proj).
-    if rows <= 16:
-        from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
+    # Into a residual (o_proj / down_proj): the product rounded to bf16, then added.
+    from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
 
-        res = torch.randn(rows, n, device=CUDA).to(torch.bfloat16)
-        want = res.double() + ref
-        KernelOps(16).add_linear(x, layer, res)
-        assert rel_err(res, want) < 1e-2
+    res = torch.randn(rows, n, device=CUDA).to(torch.bfloat16)
+    want = res.double() + ref
+    KernelOps(16).add_linear(x, layer, res)
+    assert rel_err(res, want) < 1e-2
 
 
 def fp8_cache(num_blocks: int, page: int, hk: int, d: int, scales: tuple[float, float]):  # type: ignore[no-untyped-def]
@@ -334,10 +333,11 @@ def test_kv_handoff_moves_fp8_bytes_on_the_gpu() -> None:
     check_kv_handoff(CUDA)
 
 
-@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("rows", [1, 16, 300])
 def test_norm_and_silu_quantize_as_the_fp8_layer_would(rows: int) -> None:
-    """The decode path's fused RMSNorm / SiLU-mul + quantization give the bytes and scales that
-    quantize_rows gives on their bf16 outputs (what an Fp8Linear would have computed)."""
+    """The fused RMSNorm (with and without the residual add) / SiLU-mul + quantization give the
+    bytes and scales that quantize_rows gives on their bf16 outputs (what an Fp8Linear would
+    have computed), and the add leaves the residual stream as the plain norm's add does."""
     from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
     from trtllm_gateway.engine.builtin.kernels.fused_ops import (
         rms_norm,
@@ -350,6 +350,12 @@ def test_norm_and_silu_quantize_as_the_fp8_layer_would(rows: int) -> None:
     w = torch.randn(4096, device=CUDA).to(torch.bfloat16)
     q, s = rms_norm_fp8(x, w, 1e-5)
     q2, s2 = quantize_rows(rms_norm(x, w, 1e-5))
+    assert torch.equal(s, s2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+    res = (torch.randn(rows, 4096, device=CUDA) * 5).to(torch.bfloat16)
+    res2 = res.clone()
+    q, s = rms_norm_fp8(x, w, 1e-5, res)
+    q2, s2 = quantize_rows(rms_norm(x, w, 1e-5, res2))
+    assert torch.equal(res, res2) and not torch.equal(res, x)
     assert torch.equal(s, s2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
     gu = (torch.randn(rows, 2 * 14336, device=CUDA) * 2).to(torch.bfloat16)
     q, s = silu_mul_fp8(gu)

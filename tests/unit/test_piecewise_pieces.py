@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata, KernelPrefill
 from trtllm_gateway.engine.builtin.model import LlamaModel
@@ -92,6 +93,35 @@ class TorchOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, -1)
         return F.silu(gate) * up
+
+    # The fused path's calls (float32: no FP8 layer, nothing quantized).
+    def norm_for(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        then: nn.Module | None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.rms_norm(x, weight, eps, residual)
+
+    def add_norm_for(
+        self,
+        x: torch.Tensor,
+        layer: nn.Module,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        then: nn.Module | None,
+    ) -> torch.Tensor:
+        return self.rms_norm(layer(x), weight, eps, residual)
+
+    def silu_mul_for(self, gate_up: torch.Tensor, then: nn.Module) -> torch.Tensor:
+        return self.silu_mul(gate_up)
+
+    def project(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        out: torch.Tensor = layer(x)
+        return out
 
     def rope_and_store(
         self,

@@ -2,8 +2,10 @@
 
 On CUDA the activations are quantized per token (kernels/fp8_quant.py) and multiplied on the FP8
 tensor cores: steps of at most skinny_gemm.MAX_ROWS tokens (decode at small batch, where reading
-the weights is the cost) by the skinny kernel, larger ones by torch._scaled_mm with row-wise
-scales; both compute fp8.fake_linear's arithmetic. Off CUDA, forward is fake_linear itself: what
+the weights is the cost) by the skinny kernel, larger ones by fp8_gemm.fp8_matmul (its own e4m3
+GEMM where measured faster, else torch._scaled_mm with row-wise scales); all compute
+fp8.fake_linear's arithmetic. The fused path (KernelOps) hands them activations already quantized
+by the kernel before. Off CUDA, forward is fake_linear itself: what
 the CPU tests measure against float32. The dense weight is dropped: the layer
 holds one byte a weight.
 """
@@ -37,8 +39,6 @@ class Fp8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.out_dtype = out_dtype
         self.out_features, self.in_features = weight.shape
-        # The row-wise scales as torch._scaled_mm takes them: [1, N].
-        self._scale_b = self.weight_scale.view(1, -1)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
@@ -48,6 +48,7 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cuda:
             return fp8.fake_linear(x, self.weight, self.weight_scale, self.bias)
+        from trtllm_gateway.engine.builtin.kernels.fp8_gemm import fp8_matmul
         from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
         from trtllm_gateway.engine.builtin.kernels.skinny_gemm import MAX_ROWS, skinny_fp8
 
@@ -58,14 +59,7 @@ class Fp8Linear(nn.Module):
                 out += self.bias
         else:
             xq, xs = quantize_rows(flat.contiguous())
-            out = torch._scaled_mm(
-                xq,
-                self.weight.t(),
-                scale_a=xs,
-                scale_b=self._scale_b,
-                bias=self.bias,
-                out_dtype=self.out_dtype,
-            )
+            out = fp8_matmul(xq, xs, self.weight, self.weight_scale, self.out_dtype, self.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
 

@@ -9,7 +9,7 @@ kernels (add+RMSNorm, RoPE+KV store, paged attention, SiLU-mul) around the cuBLA
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ from trtllm_gateway.engine.builtin.model_config import ModelConfig
 from trtllm_gateway.engine.builtin.rope import RotaryEmbedding, rotate
 
 if TYPE_CHECKING:
+    from trtllm_gateway.engine.builtin.kernels.fp8_quant import QuantRows
     from trtllm_gateway.engine.builtin.kernels.ops import KernelOps
 
 AttentionFn = Callable[..., torch.Tensor]
@@ -110,15 +111,16 @@ class Attention(nn.Module):
 
     def project_and_store(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | QuantRows,
         positions: torch.Tensor,
         rope: RotaryEmbedding,
         kv: tuple[torch.Tensor, torch.Tensor],
         slots: torch.Tensor,
         ops: KernelOps,
     ) -> torch.Tensor:
-        """The fused path up to attention: QKV, then RoPE with K/V stored. The queries."""
-        qkv = self.qkv_proj(x)
+        """The fused path up to attention: QKV, then RoPE with K/V stored. The queries.
+        x: the input norm's output, quantized per row for an Fp8Linear (KernelOps.norm_for)."""
+        qkv = ops.project(x, self.qkv_proj)
         shape = (self.nq, self.nkv, self.hd)
         return ops.rope_and_store(
             qkv, positions, rope.cos, rope.sin, kv, slots, shape, self.kv_scales
@@ -211,65 +213,40 @@ class LlamaModel(nn.Module):
         eps = self.cfg.rms_norm_eps
         # The residual stream is updated in place by the add+norm kernel.
         residual = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.clone()
-        layers = cast(list[DecoderLayer], list(self.layers))
-        if ops.use_skinny(residual):
-            return self._forward_skinny(residual, positions, kv_caches, meta, ops, layers)
-        x = ops.rms_norm(residual, layers[0].input_layernorm.weight, eps)
+        layers = self.decoder_layers
+        first = layers[0]
+        x = ops.norm_for(residual, first.input_layernorm.weight, eps, first.self_attn.qkv_proj)
         for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
             at = layer.self_attn
             q = at.project_and_store(x, positions, self.rope, kv, meta.slot_mapping, ops)
             o = ops.attention(q, kv, meta, at.scale, at.kv_scales)
             x = self.fused_layer_tail(i, o, residual)
+        assert isinstance(x, torch.Tensor)  # the final norm's: the LM head's, model dtype
         return x
 
-    def fused_layer_tail(self, i: int, o: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """Layer i of the fused path after its attention output o [T, Hq, D]: o_proj, the add +
-        norm, the MLP, and the add + the next layer's input norm (the final norm after the last
-        layer). The residual stream is updated in place; returns the next layer's input."""
+    def fused_layer_tail(
+        self, i: int, o: torch.Tensor, residual: torch.Tensor
+    ) -> torch.Tensor | QuantRows:
+        """Layer i of the fused path after its attention output o [T, Hq, D]: o_proj added into
+        the residual stream, its norm, the MLP, down_proj added, and the next layer's input norm
+        (after the last layer the final norm, in the model dtype). The residual stream is updated
+        in place; returns the next layer's input, quantized per row where it feeds an Fp8Linear
+        (KernelOps.norm_for)."""
         ops = self.ops
         assert ops is not None
         eps = self.cfg.rms_norm_eps
         layers = self.decoder_layers
         layer = layers[i]
-        a = layer.self_attn.o_proj(o.view(o.shape[0], layer.self_attn.q_size))
-        x = ops.rms_norm(a, layer.post_attention_layernorm.weight, eps, residual)
-        m = layer.mlp.down_proj(ops.silu_mul(layer.mlp.gate_up_proj(x)))
-        nxt = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else self.norm.weight
-        return ops.rms_norm(m, nxt, eps, residual)
-
-    def _forward_skinny(
-        self,
-        residual: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
-        ops: KernelOps,
-        layers: list[DecoderLayer],
-    ) -> torch.Tensor:
-        """Small decode batches: o_proj and down_proj are skinny GEMMs that add into the residual
-        stream themselves (no split-K reduce, no separate add), so the norms need no add."""
-        eps = self.cfg.rms_norm_eps
-        t = residual.shape[0]
-        first = layers[0]
-        x = ops.norm_for(residual, first.input_layernorm.weight, eps, first.self_attn.qkv_proj)
-        for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
-            at, mlp = layer.self_attn, layer.mlp
-            qkv = ops.project(x, at.qkv_proj)
-            shape = (at.nq, at.nkv, at.hd)
-            cos, sin, sc = self.rope.cos, self.rope.sin, at.kv_scales
-            q = ops.rope_and_store(qkv, positions, cos, sin, kv, meta.slot_mapping, shape, sc)
-            o = ops.attention(q, kv, meta, at.scale, sc)
-            ops.add_linear(o.view(t, at.q_size), at.o_proj, residual)
-            post = layer.post_attention_layernorm.weight
-            x = ops.norm_for(residual, post, eps, mlp.gate_up_proj)
-            act = ops.silu_mul_for(ops.project(x, mlp.gate_up_proj), mlp.down_proj)
-            ops.add_linear(act, mlp.down_proj, residual)
-            if i + 1 < len(layers):
-                nxt = layers[i + 1]
-                w, then = nxt.input_layernorm.weight, nxt.self_attn.qkv_proj
-                x = ops.norm_for(residual, w, eps, then)
-        out = ops.rms_norm(residual, self.norm.weight, eps)  # the LM head's: model dtype
-        return out
+        at, mlp = layer.self_attn, layer.mlp
+        post = layer.post_attention_layernorm.weight
+        o2 = o.view(o.shape[0], at.q_size)
+        x = ops.add_norm_for(o2, at.o_proj, residual, post, eps, mlp.gate_up_proj)
+        act = ops.silu_mul_for(ops.project(x, mlp.gate_up_proj), mlp.down_proj)
+        if i + 1 < len(layers):
+            nxt = layers[i + 1]
+            w, then = nxt.input_layernorm.weight, nxt.self_attn.qkv_proj
+            return ops.add_norm_for(act, mlp.down_proj, residual, w, eps, then)
+        return ops.add_norm_for(act, mlp.down_proj, residual, self.norm.weight, eps, None)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

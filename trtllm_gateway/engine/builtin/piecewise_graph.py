@@ -161,10 +161,13 @@ class PiecewiseGraphs:
             last = len(self.prev) - 1
             ids = torch.where(raw < 0, self.prev[(-raw - 1).clamp(0, last)], raw)
             residual.copy_(m.embed_tokens(ids))
-            x = ops.rms_norm(residual, layers[0].input_layernorm.weight, m.cfg.rms_norm_eps)
+            first = layers[0]
+            w, eps = first.input_layernorm.weight, m.cfg.rms_norm_eps
+            x = ops.norm_for(residual, w, eps, first.self_attn.qkv_proj)
         else:
             x = m.fused_layer_tail(k - 1, self.o[:b], residual)
         if k == len(layers):
+            assert isinstance(x, torch.Tensor)  # the final norm's: the model dtype
             self.hidden[:b].copy_(x)
             return
         positions, slots = self.inputs[1, :b], self.inputs[2, :b]

@@ -4,7 +4,7 @@ Rounding follows HF Llama in the model dtype: the residual sum is rounded to the
 norm, the normalised row is rounded before the weight multiply, silu(gate) is rounded before the
 product with up. One program per row (per row and column block for SiLU).
 
-The `_fp8` variants feed an Fp8Linear on the decode path: the same values, rounded to the model
+The `_fp8` variants feed an Fp8Linear: the same values, rounded to the model
 dtype, then quantized per row to e4m3 as fp8.quantize_rows does, in the same pass (one launch
 instead of two: 96 fewer a step for an 8B model). Launched early on Hopper (pdl.py): the
 quantizing variants always, plain RMSNorm where its caller asks (the engine does not:
@@ -86,13 +86,13 @@ def rms_norm(
 
 
 def rms_norm_fp8(
-    x: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """norm(x) quantized per row: (e4m3 [T, n], float32 scales [T, 1]) =
-    fp8.quantize_rows(rms_norm(x, weight, eps)), bit for bit."""
+    """rms_norm(x, weight, eps, residual) quantized per row: (e4m3 [T, n], float32 scales
+    [T, 1]) = fp8.quantize_rows(rms_norm(x, weight, eps, residual)), bit for bit."""
     out = torch.empty(x.shape, dtype=FP8, device=x.device)
     scales = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
-    _rms_norm(x, weight, eps, None, out, scales, pdl.enabled(x.device))
+    _rms_norm(x, weight, eps, residual, out, scales, pdl.enabled(x.device))
     return out, scales
 
 

@@ -2,8 +2,9 @@
 
 RMSNorm (with the residual add folded in), SiLU-mul, RoPE + KV store, paged attention that runs
 the split-KV decode kernel on the leading decode rows and the packed prefill kernel on the rest
-(both read the cache in place), and for steps of at most 16 tokens the skinny GEMM that adds
-o_proj and down_proj into the residual stream in place.
+(both read the cache in place), and the GEMMs that add o_proj and down_proj into the residual
+stream in place: for steps of at most 16 tokens the skinny GEMM, past that (FP8 weights) the
+e4m3 GEMM of fp8_gemm.py or cuBLASLt.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from torch import nn
 
 from trtllm_gateway.engine.builtin.attention import AttentionMetadata
 from trtllm_gateway.engine.builtin.kernels.decode_attention import decode_attention
-from trtllm_gateway.engine.builtin.kernels.fp8_quant import QuantRows
+from trtllm_gateway.engine.builtin.kernels.fp8_gemm import fp8_matmul
+from trtllm_gateway.engine.builtin.kernels.fp8_quant import QuantRows, quantize_rows
 from trtllm_gateway.engine.builtin.kernels.fused_ops import (
     rms_norm,
     rms_norm_fp8,
@@ -39,26 +41,58 @@ class KernelOps:
     def add_linear(
         self, x: torch.Tensor | QuantRows, layer: nn.Module, residual: torch.Tensor
     ) -> None:
-        """residual += layer(x) in one skinny GEMM: an nn.Linear without bias, or an Fp8Linear
-        (e4m3 weight with its per-channel weight_scale)."""
+        """residual += layer(x), the product rounded to the residual's dtype first (HF Llama's
+        rounding): an nn.Linear without bias, or an Fp8Linear (e4m3 weight with its per-channel
+        weight_scale). At most MAX_ROWS rows: one skinny GEMM that adds in place; more rows of an
+        Fp8Linear: fp8_matmul's GEMM adds in place; more rows of bf16: cuBLAS, then the add."""
         assert layer.bias is None
         scale = getattr(layer, "weight_scale", None)
-        if scale is None:
-            assert isinstance(x, torch.Tensor)
-            skinny_linear(x, layer.weight, residual)
+        if self.use_skinny(residual):
+            if scale is None:
+                assert isinstance(x, torch.Tensor)
+                skinny_linear(x, layer.weight, residual)
+            else:
+                skinny_fp8(x, layer.weight, scale, residual, out_dtype=residual.dtype)
+        elif scale is not None:
+            q = x if isinstance(x, QuantRows) else QuantRows(*quantize_rows(x))
+            fp8_matmul(q.q, q.scales, layer.weight, scale, residual.dtype, residual=residual)
         else:
-            skinny_fp8(x, layer.weight, scale, residual, out_dtype=residual.dtype)
+            assert isinstance(x, torch.Tensor)
+            residual.add_(layer(x))
 
-    # The skinny path's activations for an Fp8Linear come quantized per row out of the kernel
-    # that makes them (RMSNorm, SiLU-mul): one launch each instead of two.
+    def add_norm_for(
+        self,
+        x: torch.Tensor | QuantRows,
+        layer: nn.Module,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        then: nn.Module | None,
+    ) -> torch.Tensor | QuantRows:
+        """residual += layer(x), then rms_norm(residual) as `then` takes it (norm_for). Where the
+        GEMM cannot add in place (bf16 past MAX_ROWS rows: cuBLAS) the add is the norm's."""
+        if self.use_skinny(residual) or _is_fp8(layer):
+            self.add_linear(x, layer, residual)
+            return self.norm_for(residual, weight, eps, then)
+        assert isinstance(x, torch.Tensor)
+        return self.norm_for(layer(x), weight, eps, then, residual)
+
+    # An Fp8Linear's activations come quantized per row out of the kernel that makes them
+    # (RMSNorm, SiLU-mul): one launch each instead of two.
 
     def norm_for(
-        self, x: torch.Tensor, weight: torch.Tensor, eps: float, then: nn.Module | None
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        then: nn.Module | None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor | QuantRows:
-        """rms_norm(x), as `then` (the layer it feeds; None: the LM head) takes it."""
+        """rms_norm(x, weight, eps, residual), as `then` (the layer it feeds; None: the LM head)
+        takes it."""
         if _is_fp8(then):
-            return QuantRows(*rms_norm_fp8(x, weight, eps))
-        return rms_norm(x, weight, eps)
+            return QuantRows(*rms_norm_fp8(x, weight, eps, residual))
+        return rms_norm(x, weight, eps, residual)
 
     def silu_mul_for(self, gate_up: torch.Tensor, then: nn.Module) -> torch.Tensor | QuantRows:
         return QuantRows(*silu_mul_fp8(gate_up)) if _is_fp8(then) else silu_mul(gate_up)
@@ -70,9 +104,13 @@ class KernelOps:
             return out
         w, scale, bias = layer.weight, layer.weight_scale, layer.bias  # an Fp8Linear's
         assert isinstance(w, torch.Tensor) and isinstance(scale, torch.Tensor)
-        out = skinny_fp8(x, w, scale, out_dtype=cast(torch.dtype, layer.out_dtype))
-        if bias is not None:
-            out += cast(torch.Tensor, bias)
+        dt = cast(torch.dtype, layer.out_dtype)
+        b = cast(torch.Tensor | None, bias)
+        if x.q.shape[0] > MAX_ROWS or not self.skinny:
+            return fp8_matmul(x.q, x.scales, w, scale, dt, b)
+        out = skinny_fp8(x, w, scale, out_dtype=dt)
+        if b is not None:
+            out += b
         return out
 
     def rms_norm(
