@@ -103,11 +103,12 @@ CONFIGS: dict[tuple[int, int], tuple[tuple[int, Config | None], ...]] = {
     # o: 0.0081 / 0.0140 at 64 and 128 rows, 0.0100 / 0.0139 at 256
     (4096, 4096): ((128, Config(64, 64, 256, 6, 4)), (256, Config(64, 128, 256, 4, 4))),
     # gate_up: 0.0335 / 0.0467 at 64 rows; at 128 cuBLASLt's 0.0361 against 0.0373;
-    # 0.0507 / 0.0697 at 192, 0.0521 / 0.0548 at 256
+    # 0.0507 / 0.0697 at 192, 0.0521 / 0.0548 at 256; one loop over tiles and K (flatten)
+    # 0.0520 against 0.0537 at 256 rows in a second call
     (28672, 4096): (
         (64, Config(64, 256, 128, 4, 4)),
         (128, None),
-        (256, Config(128, 256, 128, 4, 8)),
+        (256, Config(128, 256, 128, 4, 8, flatten=True)),
     ),
     # down: 0.0196 / 0.0369 at 64 rows, 0.0200 / 0.0367 at 128, 0.0271 / 0.0373 at 256
     (4096, 14336): ((128, Config(64, 64, 256, 6, 4)), (256, Config(64, 128, 256, 4, 4))),
