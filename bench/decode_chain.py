@@ -6,7 +6,7 @@ The engine launches RoPE + KV store and attention plainly: with FP8 weights they
 here; with bf16 they gained here, but the engine's batch-1 step lost 0.8% (all three early) and
 0.5% (RoPE alone) on an H200 (2026-11-29): this chain does not predict the bf16 engine.
 
-Each layer runs what the engine's skinny path runs at batch 1 (model.py _forward_skinny): the
+Each layer runs what the engine's fused path runs at batch 1 (model.py _forward_fused): the
 RMSNorm (quantizing for FP8), the qkv projection, RoPE + KV store, decode attention over a
 1,152-token paged cache, o_proj into the residual, the RMSNorm, gate_up, SiLU-mul, down into the
 residual; bf16 projects qkv and gate_up with cuBLAS, as the engine does. Random weights, one

@@ -276,8 +276,8 @@ def test_an_early_gemm_waits_for_the_kernel_before_it(
 def test_two_layers_of_the_chain_launched_early_equal_plain_launches(
     monkeypatch: pytest.MonkeyPatch, weights: str, graph: bool
 ) -> None:
-    """The skinny path's kernels for two layers of the 8B shape at batch 1 (model.py
-    _forward_skinny; FP8 weights with an e4m3 cache, bf16 with a bf16 one and cuBLAS for qkv and
+    """The skinny kernels for two layers of the 8B shape at batch 1 (model.py _forward_fused at
+    up to 16 rows; FP8 weights with an e4m3 cache, bf16 with a bf16 one and cuBLAS for qkv and
     gate_up), RoPE + KV store, attention and RMSNorm launched early too (their `early`), the
     residual written late at the start: the same bits as with PDL off, and no NaN."""
     import torch.nn.functional as F

@@ -7,10 +7,11 @@ static input_scale is not used). KV cache: e4m3 values with one scale per layer 
 V (1.0 unless the checkpoint gives k_scale / v_scale, vLLM's default), so a stored value is
 x / scale rounded to e4m3 and reads back as stored * scale.
 
-The CUDA kernels (kernels/fp8_quant.py, kernels/skinny_gemm.py, torch._scaled_mm, the attention
-kernels) do exactly this arithmetic; on the CPU the functions below emulate it (tests measure the
-error on the real default model against float32). Casting to float8_e4m3fn rounds to nearest
-even and saturates nothing: the scales keep every value within +-448 first.
+The CUDA kernels (kernels/fp8_quant.py, kernels/skinny_gemm.py, kernels/fp8_gemm.py,
+torch._scaled_mm, the attention kernels) do exactly this arithmetic; on the CPU the functions
+below emulate it (tests measure the error on the real default model against float32). Casting
+to float8_e4m3fn rounds to nearest even and saturates nothing: the scales keep every value within
++-448 first.
 """
 
 from __future__ import annotations
