@@ -89,7 +89,9 @@ def rms_norm_fp8(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm(x, weight, eps, residual) quantized per row: (e4m3 [T, n], float32 scales
-    [T, 1]) = fp8.quantize_rows(rms_norm(x, weight, eps, residual)), bit for bit."""
+    [T, 1]) = fp8.quantize_rows(rms_norm(x, weight, eps, residual)): the same arithmetic, bit
+    for bit but for a rare row whose sum of squares the two compiled kernels reduce in another
+    order and round differently in its last bit (tests/gpu/test_fp8.py, same_quantized_rows)."""
     out = torch.empty(x.shape, dtype=FP8, device=x.device)
     scales = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
     _rms_norm(x, weight, eps, residual, out, scales, pdl.enabled(x.device))
