@@ -18,7 +18,8 @@ import statistics
 import torch
 
 from trtllm_gateway.engine.builtin.fp8 import FP8
-from trtllm_gateway.engine.builtin.kernels.fp8_gemm import Config, fp8_gemm
+from trtllm_gateway.engine.builtin.fp8_gemm_table import Config
+from trtllm_gateway.engine.builtin.kernels.fp8_gemm import fp8_gemm
 from trtllm_gateway.engine.builtin.kernels.fp8_quant import quantize_rows
 
 # Llama-3.1-8B's projections: name -> (N, K)

@@ -25,7 +25,7 @@ def operands(rows: int, n: int, k: int, seed: int = 0):  # type: ignore[no-untyp
 
 
 def table_cases() -> list[tuple[int, int, int]]:
-    from trtllm_gateway.engine.builtin.kernels.fp8_gemm import CONFIGS
+    from trtllm_gateway.engine.builtin.fp8_gemm_table import CONFIGS
 
     cases = []
     for (n, k), entries in CONFIGS.items():
@@ -40,7 +40,8 @@ def table_cases() -> list[tuple[int, int, int]]:
 def test_each_config_of_the_table_is_exact() -> None:
     """Each config at the fewest and the most rows it is picked for (the table is read here:
     collecting this module on a CPU imports no Triton)."""
-    from trtllm_gateway.engine.builtin.kernels.fp8_gemm import config_for, fp8_gemm
+    from trtllm_gateway.engine.builtin.fp8_gemm_table import config_for
+    from trtllm_gateway.engine.builtin.kernels.fp8_gemm import fp8_gemm
 
     cases = table_cases()
     assert len(cases) >= 16
@@ -70,7 +71,8 @@ def test_each_config_of_the_table_is_exact() -> None:
 def test_ragged_edges(rows: int, n: int, k: int, config: tuple[int, ...]) -> None:
     """Rows, columns and K not multiples of the tiles: the TMA reads zeros past the edges, the
     stores are masked; nothing outside [rows, n] is written."""
-    from trtllm_gateway.engine.builtin.kernels.fp8_gemm import Config, fp8_gemm
+    from trtllm_gateway.engine.builtin.fp8_gemm_table import Config
+    from trtllm_gateway.engine.builtin.kernels.fp8_gemm import fp8_gemm
 
     xq, xs, wq, ws, ref = operands(rows, n, k, seed=1)
     big = torch.full((rows + 3, n + 8), float("nan"), device=CUDA, dtype=torch.bfloat16)
@@ -85,7 +87,8 @@ def test_ragged_edges(rows: int, n: int, k: int, config: tuple[int, ...]) -> Non
 def test_residual_add_rounds_the_product_first(rows: int) -> None:
     """residual += product: the product rounded to bf16, then the sum rounded (HF Llama's
     o_proj / down_proj add), the same bits as the product written out and added by torch."""
-    from trtllm_gateway.engine.builtin.kernels.fp8_gemm import config_for, fp8_matmul
+    from trtllm_gateway.engine.builtin.fp8_gemm_table import config_for
+    from trtllm_gateway.engine.builtin.kernels.fp8_gemm import fp8_matmul
 
     n, k = 4096, 14336
     assert config_for(rows, n, k) is not None
@@ -115,7 +118,8 @@ def test_a_graph_replays_the_eager_bits() -> None:
 def test_fp8_matmul_falls_back_to_cublas(rows: int, bias: bool) -> None:
     """Past the table's rows, where cuBLASLt won (gate_up at 128 rows), or with a bias:
     torch._scaled_mm, the same arithmetic."""
-    from trtllm_gateway.engine.builtin.kernels.fp8_gemm import config_for, fp8_matmul
+    from trtllm_gateway.engine.builtin.fp8_gemm_table import config_for
+    from trtllm_gateway.engine.builtin.kernels.fp8_gemm import fp8_matmul
 
     n, k = 28672, 4096
     assert (config_for(rows, n, k) is None) != bias

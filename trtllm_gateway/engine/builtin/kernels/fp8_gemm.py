@@ -10,31 +10,21 @@ Tiles are read by the Hopper TMA (host-side tensor descriptors) into a multi-sta
 the e4m3 wgmma; the grid is persistent (one program an SM walking the tiles, GROUP_M rows of tiles
 at a time so the weight's tiles are reused from L2).
 
-fp8_matmul runs it where CONFIGS has a measured config for the weight's shape and the row count,
-and torch._scaled_mm (cuBLASLt) everywhere else: the tiles cuBLASLt picks for Llama-3.1-8B's
-narrow projections (o, down, qkv) at 17-256 rows leave most of the card's SMs idle (o_proj at
-256 rows: 14 us against 10 here; bench/fp8_gemm_rows.py, docs/benchmarks.md "GPU: FP8 GEMMs at
-decode batch sizes"). Above 256 rows, and for prefill, cuBLASLt is as fast or faster.
+fp8_matmul runs it where fp8_gemm_table.CONFIGS has a measured config for the weight's shape and
+the row count, and torch._scaled_mm (cuBLASLt) everywhere else: the tiles cuBLASLt picks for
+Llama-3.1-8B's narrow projections (o, down, qkv) at 17-256 rows leave most of the card's SMs idle
+(o_proj at 256 rows: 14 us against 10 here; bench/fp8_gemm_rows.py, docs/benchmarks.md "GPU: FP8
+GEMMs at decode batch sizes"). Above 256 rows, and for prefill, cuBLASLt is as fast or faster.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-
-class Config(NamedTuple):
-    block_m: int
-    block_n: int
-    block_k: int
-    stages: int
-    warps: int
-    group_m: int = 8
-    flatten: bool = False
+from trtllm_gateway.engine.builtin.fp8_gemm_table import Config, config_for
 
 
 @triton.jit
@@ -88,41 +78,6 @@ def _fp8_gemm_kernel(
         tl.store(optr, val, mask=omask)
 
 
-# (N, K) of an e4m3 weight -> ((most rows, config or None for cuBLASLt), ...), rows ascending;
-# rows past the last entry take cuBLASLt. Llama-3.1-8B's projections, the fastest of 18 configs
-# (bench/fp8_gemm_rows.py on an H200, 2026-11-29, weights cycled past L2) where it beat
-# torch._scaled_mm at 32, 64, 128, 192 and 256 rows: ms a call, ours against cuBLASLt's.
-CONFIGS: dict[tuple[int, int], tuple[tuple[int, Config | None], ...]] = {
-    # qkv: 0.0098 / 0.0146 at 64 rows, 0.0110 / 0.0144 at 128, 0.0150 / 0.0189 at 192;
-    # at 256 cuBLASLt's 0.0143 against 0.0146
-    (6144, 4096): (
-        (64, Config(64, 64, 256, 6, 4)),
-        (128, Config(64, 128, 256, 4, 4)),
-        (192, Config(128, 128, 128, 5, 8)),
-    ),
-    # o: 0.0081 / 0.0140 at 64 and 128 rows, 0.0100 / 0.0139 at 256
-    (4096, 4096): ((128, Config(64, 64, 256, 6, 4)), (256, Config(64, 128, 256, 4, 4))),
-    # gate_up: 0.0335 / 0.0467 at 64 rows; at 128 cuBLASLt's 0.0361 against 0.0373;
-    # 0.0507 / 0.0697 at 192, 0.0521 / 0.0548 at 256; one loop over tiles and K (flatten)
-    # 0.0520 against 0.0537 at 256 rows in a second call
-    (28672, 4096): (
-        (64, Config(64, 256, 128, 4, 4)),
-        (128, None),
-        (256, Config(128, 256, 128, 4, 8, flatten=True)),
-    ),
-    # down: 0.0196 / 0.0369 at 64 rows, 0.0200 / 0.0367 at 128, 0.0271 / 0.0373 at 256
-    (4096, 14336): ((128, Config(64, 64, 256, 6, 4)), (256, Config(64, 128, 256, 4, 4))),
-}
-
-
-def config_for(rows: int, n: int, k: int) -> Config | None:
-    """The measured config for rows x [n, k], None where cuBLASLt is as fast or faster."""
-    for most, config in CONFIGS.get((n, k), ()):
-        if rows <= most:
-            return config
-    return None
-
-
 def _tma_ready(*tensors: torch.Tensor) -> bool:
     """Hopper, and each tensor's base and row stride on 16-byte boundaries (the TMA's rule)."""
     t = tensors[0]
@@ -143,9 +98,9 @@ def fp8_matmul(
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(xq @ weight.T) * xs * weight_scale [+ bias] in out_dtype, by the kernel here where CONFIGS
-    has the shape, else torch._scaled_mm; with residual, residual += it (rounded to out_dtype
-    first) and returns residual."""
+    """(xq @ weight.T) * xs * weight_scale [+ bias] in out_dtype, by the kernel here where
+    fp8_gemm_table has the shape, else torch._scaled_mm; with residual, residual += it (rounded
+    to out_dtype first) and returns residual."""
     config = config_for(xq.shape[0], *weight.shape)
     if config is not None and bias is None and _tma_ready(xq, weight):
         return fp8_gemm(xq, xs, weight, weight_scale, out_dtype, config, residual)
