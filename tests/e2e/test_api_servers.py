@@ -277,8 +277,8 @@ async def test_startup_timeout_stops_them_all(log_dir: Path, tmp_path: Path) -> 
         started: set[psutil.Process] = set()
         assert await _watch_tree(s, seen, started, 60) == 4, s.log()
         # The core and the two API servers. Below them a process of their own may come and go
-        # (CI once caught the core's short-lived `c++`, torch checking its compiler): each of
-        # those must be gone too, but they are not counted.
+        # (CI once caught the core's `c++ --version`: cpu_kernels/build.py, compiler_version):
+        # each of those must be gone too, but they are not counted.
         assert len(started) == 3, started
         psutil.wait_procs(list(seen), timeout=5)
         assert not [c for c in seen if c.is_running()]
