@@ -117,16 +117,6 @@ def fp8_matmul(
     return residual.add_(out)
 
 
-_SMS: dict[int, int] = {}
-
-
-def _sms(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
-
-
 def fp8_gemm(
     xq: torch.Tensor,
     xs: torch.Tensor,
@@ -146,7 +136,9 @@ def fp8_gemm(
     )
     c = config
     tiles = triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n)
-    grid = min(tiles, programs or _sms(xq.device))
+    if programs is None:  # one program an SM (torch caches the device's properties)
+        programs = torch.cuda.get_device_properties(xq.device).multi_processor_count
+    grid = min(tiles, programs)
     _fp8_gemm_kernel[(grid,)](
         TensorDescriptor.from_tensor(xq, [c.block_m, c.block_k]),
         TensorDescriptor.from_tensor(weight, [c.block_n, c.block_k]),
