@@ -183,3 +183,5 @@ async def test_a_paged_hand_off_holds_its_blocks_until_released_or_expired(
     assert all(clock.longest[k] <= clock.by_call[k] for k in clock.longest)
     assert clock.cpu_by_call.keys() == clock.by_call.keys()  # wall against the thread's CPU
     assert "its CPU time by call (us)" in clock.summary()
+    assert clock.calls.keys() == clock.by_call.keys() and clock.calls["release"] == 1
+    assert "calls a hand-off: " in clock.summary()

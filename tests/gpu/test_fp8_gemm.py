@@ -1,7 +1,7 @@
-"""kernels/fp8_gemm.py: the e4m3 GEMM for 17-256 rows against fp8.fake_linear's arithmetic in
-float64, at every config of its table and at ragged edges; the in-place residual add rounds as
-HF Llama does; a CUDA graph replays it bit for bit; fp8_matmul falls back to torch._scaled_mm
-where the table has nothing."""
+"""kernels/fp8_gemm.py: the e4m3 GEMM (17-256 rows, 897-8,192) against fp8.fake_linear's
+arithmetic in float64, at every config of its table and at ragged edges; the in-place residual
+add rounds as HF Llama does; a CUDA graph replays it bit for bit; fp8_matmul falls back to
+torch._scaled_mm where the table has nothing."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_ragged_edges(rows: int, n: int, k: int, config: tuple[int, ...]) -> Non
     assert big[rows:].isnan().all() and big[:, n:].isnan().all()
 
 
-@pytest.mark.parametrize("rows", [64, 256])
+@pytest.mark.parametrize("rows", [64, 256, 2000])  # 2000: a prefill chunk's config, ragged
 def test_residual_add_rounds_the_product_first(rows: int) -> None:
     """residual += product: the product rounded to bf16, then the sum rounded (HF Llama's
     o_proj / down_proj add), the same bits as the product written out and added by torch."""

@@ -21,7 +21,9 @@ def test_the_table_has_llama_8b_projections_with_rows_ascending() -> None:
     assert set(CONFIGS) == {QKV, O_PROJ, GATE_UP, DOWN}
     for entries in CONFIGS.values():
         most = [m for m, _ in entries]
-        assert most == sorted(set(most)) and most[0] > 16 and most[-1] <= 256
+        assert most == sorted(set(most)) and most[0] > 16 and most[-1] == 8192
+        # decode's steps (17-256 rows), then cuBLASLt to 896, then prefill's chunks
+        assert [m for m in most if m > 256] == [896, 8192]
 
 
 @pytest.mark.parametrize(
@@ -35,7 +37,11 @@ def test_the_table_has_llama_8b_projections_with_rows_ascending() -> None:
         (100, GATE_UP, None),  # cuBLASLt measured faster at 128 rows
         (200, GATE_UP, Config(128, 256, 128, 4, 8, flatten=True)),
         (193, QKV, None),  # cuBLASLt at 256 rows
-        (257, O_PROJ, None),  # past the table: cuBLASLt
+        (257, O_PROJ, None),  # past decode's rows: cuBLASLt
+        (896, GATE_UP, None),
+        (897, DOWN, Config(128, 256, 128, 3, 8, flatten=True)),  # prefill's chunks
+        (8192, QKV, Config(128, 256, 128, 3, 8, flatten=True)),
+        (8193, O_PROJ, None),  # past the table: cuBLASLt
         (64, (4096, 4097), None),  # a shape not measured
         (64, (576, 576), None),
     ],
@@ -71,6 +77,7 @@ def test_each_config_fits_the_kernel(config: Config) -> None:
         (Config(64, 256, 128, 4, 4), 163_872),
         (Config(128, 256, 128, 4, 8, flatten=True), 229_408),
         (Config(64, 128, 256, 4, 4, flatten=True), 204_832),
+        (Config(128, 256, 128, 3, 8, flatten=True), 180_248),
     ],
 )
 def test_shared_bytes_bounds_what_triton_compiled(config: Config, compiled: int) -> None:

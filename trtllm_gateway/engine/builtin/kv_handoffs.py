@@ -66,6 +66,8 @@ class HandoffClock:
     # waited (for the GIL, or the OS) rather than worked; the prefill side's release read ~85
     # us of wall time in a serving core for a loop a micro-benchmark times at 12-53 us.
     cpu_by_call: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)  # calls by kind: a cost a hand-off
+    # that is many cheap calls (a collect at every loop wake) reads apart from one costly call
 
     def since(self, t0: float, call: str, c0: float) -> None:
         spent = time.perf_counter() - t0
@@ -75,6 +77,7 @@ class HandoffClock:
             self.longest[call] = spent
         cpu = time.thread_time() - c0
         self.cpu_by_call[call] = self.cpu_by_call.get(call, 0.0) + cpu
+        self.calls[call] = self.calls.get(call, 0) + 1
 
     def timed(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -89,10 +92,12 @@ class HandoffClock:
         per = {k: round(v / self.count * 1e6, 1) for k, v in sorted(self.by_call.items())}
         top = {k: round(v * 1e6, 1) for k, v in sorted(self.longest.items())}
         cpu = {k: round(v / self.count * 1e6, 1) for k, v in sorted(self.cpu_by_call.items())}
+        calls = {k: round(v / self.count, 1) for k, v in sorted(self.calls.items())}
         total = self.seconds / self.count * 1e6
         return (
             f"{self.count} KV hand-offs, the step thread {total:.1f} us each: {per}; "
-            f"the longest call of each kind (us): {top}; its CPU time by call (us): {cpu}"
+            f"the longest call of each kind (us): {top}; its CPU time by call (us): {cpu}; "
+            f"calls a hand-off: {calls}"
         )
 
 
