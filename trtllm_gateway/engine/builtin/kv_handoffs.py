@@ -63,8 +63,10 @@ class HandoffClock:
     by_call: dict[str, float] = field(default_factory=dict)  # seconds by call, for the log
     longest: dict[str, float] = field(default_factory=dict)  # the longest call of each, the log
     # The thread's CPU seconds by call: where a call's wall time is far above them, the thread
-    # waited (for the GIL, or the OS) rather than worked; the prefill side's release read ~85
-    # us of wall time in a serving core for a loop a micro-benchmark times at 12-53 us.
+    # waited (for the GIL, or the OS) rather than worked. In serving cores on two H200
+    # (2026-11-29) every kind's CPU time matched its wall time: the prefill side's release,
+    # 76-84 us for the prompt's 129 blocks (8 us in a micro-benchmark with its data in cache, 32
+    # after a 64 MB sweep), is work in a process whose caches the step had just evicted.
     cpu_by_call: dict[str, float] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # calls by kind: a cost a hand-off
     # that is many cheap calls (a collect at every loop wake) reads apart from one costly call
