@@ -5,6 +5,13 @@ on requests in flight. Reports output tok/s, TTFT and TPOT; with --decode-latenc
 batch-1 decode (ms/token) and, on CUDA, the bandwidth roofline from a measured device-to-device
 copy. Prints one JSON object last.
 
+--core thread (the default) runs the engine core in a thread of this process, where the
+benchmark can reach into it (the roofline, --fit-batch's cap, the core thread's CPU); --core
+process runs it in its own process, as `serve` does, so the client's Python (one asyncio task a
+request) never holds the GIL the core's step loop needs. In process mode the core's main thread
+is sampled from outside, --fit-batch caps the client's concurrency instead of the scheduler's
+batch, and --decode-latency (its roofline reads the loaded model) is refused.
+
   python -m bench.offline --model trtllm_gateway/config/models/llama-3.1-8b.json \\
       --load-format dummy --num-prompts 512 --input-len 1024 --output-len 1024
 """
@@ -103,9 +110,25 @@ def _core_tid() -> int | None:
     return next((t.native_id for t in threading.enumerate() if t.name == "engine-core"), None)
 
 
-def _thread_cpu_s(tid: int | None) -> float:
-    """CPU seconds (user + system) the thread has used so far; 0 when it is not found."""
-    for t in psutil.Process().threads():
+def _core_pid() -> int | None:
+    """The engine core's process, a child of this one (--core process)."""
+    for child in psutil.Process().children():
+        try:
+            if any("engine.transport.process" in part for part in child.cmdline()):
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+def _thread_cpu_s(tid: int | None, pid: int | None = None) -> float:
+    """CPU seconds (user + system) the thread has used so far (of process pid, this one by
+    default); 0 when it is not found."""
+    try:
+        threads = psutil.Process(pid).threads()
+    except psutil.Error:
+        return 0.0
+    for t in threads:
         if t.id == tid:
             return float(t.user_time + t.system_time)
     return 0.0
@@ -195,6 +218,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fit-batch", action="store_true", help="cap running seqs to the KV cache")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--core",
+        default="thread",
+        choices=["thread", "process"],
+        help="the engine core in a thread of this process, or in its own (as served)",
+    )
+    p.add_argument(
         "--spin-wait",
         action="store_true",
         help="wait for each step's ids spinning (the A/B of sampler.BLOCKING_WAIT)",
@@ -204,15 +233,19 @@ def parser() -> argparse.ArgumentParser:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     config = engine_config_from(args)
+    in_thread = args.core == "thread"
+    if not in_thread and (args.decode_latency or args.spin_wait):
+        raise SystemExit("--decode-latency and --spin-wait need --core thread")
     if args.spin_wait:
         from trtllm_gateway.engine.builtin import sampler
 
         sampler.BLOCKING_WAIT = False
-    engine = core_client(BuiltinConfig(config), in_thread=True)
+    engine = core_client(BuiltinConfig(config), in_thread=in_thread)
     t0 = time.perf_counter()
     await engine.start()
     report: dict[str, Any] = {
         "load_s": time.perf_counter() - t0,
+        "core": args.core,
         "settings": config.model_dump(
             include={
                 "model",
@@ -229,11 +262,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             }
         ),
     }
-    lm = thread_core(engine).loaded
-    assert lm is not None
-    report["dtype"] = str(lm.dtype)
-    report["device"] = str(lm.device)
-    report["kv_tokens"] = lm.blocks.num_blocks * lm.blocks.block_size
+    if in_thread:
+        lm = thread_core(engine).loaded
+        assert lm is not None
+        report["dtype"] = str(lm.dtype)
+        report["device"] = str(lm.device)
+        report["kv_tokens"] = lm.blocks.num_blocks * lm.blocks.block_size
+    else:
+        report["kv_tokens"] = engine.health().kv_total_blocks * config.block_size
     try:
         vocab = engine.info.vocab_size
         if args.warmup:
@@ -247,12 +283,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             )
             report["decode_latency"] = lat
             print(json.dumps({"decode_latency": lat}), flush=True)
+        most = 0  # the client's cap on requests in flight (0: none)
         if args.fit_batch:
             # Admit no more sequences than fit at full length: no preemption (recompute) churn.
-            st = thread_core(engine)._st
-            fit = report["kv_tokens"] // (args.input_len + args.output_len + lm.blocks.block_size)
-            st.scheduler.max_batch_size = max(1, min(st.scheduler.max_batch_size, fit))
-            report["max_running"] = st.scheduler.max_batch_size
+            fit = report["kv_tokens"] // (args.input_len + args.output_len + config.block_size)
+            if in_thread:
+                st = thread_core(engine)._st
+                st.scheduler.max_batch_size = max(1, min(st.scheduler.max_batch_size, fit))
+                report["max_running"] = st.scheduler.max_batch_size
+            else:
+                most = max(1, min(config.max_batch_size, fit))
+                report["max_running"] = most
+        pid = None if in_thread else _core_pid()
         runs = []
         for level, conc in enumerate(args.concurrency if args.num_prompts else []):
             # Fresh prompts at each level: the same ones again would be prefix-cache hits (a
@@ -260,13 +302,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             seed = args.seed + 100 * level
             prompts = random_prompts(args.num_prompts, args.input_len, vocab, seed)
             c = conc or args.num_prompts
-            tid = _core_tid()
-            cpu0 = _thread_cpu_s(tid)
+            if most:
+                c = min(c, most)
+            tid = _core_tid() if in_thread else pid  # a process core steps in its main thread
+            cpu0 = _thread_cpu_s(tid, pid)
             hits0 = engine.health().prefix_cache_hits
             r = await run_load(engine, prompts, args.output_len, c, args.temperature)
             r["prefix_cache_hits"] = engine.health().prefix_cache_hits - hits0  # 0: fresh prompts
             # The core thread's share of one CPU over the run (issue 39: below ~70% at 256).
-            r["core_thread_cpu_pct"] = (_thread_cpu_s(tid) - cpu0) / r["duration_s"] * 100
+            r["core_thread_cpu_pct"] = (_thread_cpu_s(tid, pid) - cpu0) / r["duration_s"] * 100
             r["input_len"], r["output_len"] = args.input_len, args.output_len
             runs.append(r)
             print(json.dumps({"run": r}), flush=True)

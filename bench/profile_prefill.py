@@ -6,6 +6,11 @@ that ask for one token, so a round is the prefill step and the one decode step a
 are timed wall to wall (a CUDA synchronize at each end), then --profile-rounds more run under
 torch.profiler recording every CUDA kernel. One JSON report; on a CPU the kernel table is left out.
 
+With --running N, N requests of --input-len tokens decode throughout (started first, and warmed
+for --warm-tokens tokens each), so each round's prefill step is a mixed step, as a serving
+engine's are when prompts arrive while others decode; decode-only steps of the same batch are
+timed before the rounds (decode_step_ms), so a round's cost beyond its decode steps reads apart.
+
   python -m bench.profile_prefill --model trtllm_gateway/config/models/llama-3.1-8b.json \\
       --load-format dummy --quantization fp8 --kv-cache-dtype fp8 --prompts 8 --input-len 1024
 """
@@ -21,7 +26,7 @@ from typing import Any
 
 from bench.offline import engine_config_from, random_prompts
 from bench.offline import parser as offline_parser
-from bench.profile_step import kernel_table
+from bench.profile_step import add_all, kernel_table, one_iteration
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
 from trtllm_gateway.engine.protocol import SamplingParams
@@ -33,21 +38,42 @@ MAX_STEPS = 50  # a round that has not ended by then is a bug, not a slow step
 
 def prefill_round(core: EngineCore, prompts: int, input_len: int, seed: int) -> tuple[float, int]:
     """Fresh prompts (no prefix-cache hit), one token each, stepped until all ended: (wall ms,
-    steps)."""
+    steps). Requests already running go on decoding beside them."""
     sync = _sync()
     sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    pending = set()
     for i, ids in enumerate(random_prompts(prompts, input_len, core.info.vocab_size, seed)):
+        pending.add(f"r{seed}-{i}")
         core.handle(Add(request_id=f"r{seed}-{i}", prompt_token_ids=ids, sampling=sp), [])
     sync()
     t0, steps = time.perf_counter(), 0
-    while core.health().running or core.health().waiting:
+    while pending:
         core.step()
-        core.batch()
+        for request_id, ev in core.batch().events:
+            if ev.finish_reason is not None:
+                pending.discard(request_id)
         steps += 1
         if steps > MAX_STEPS:
             raise RuntimeError(f"a prefill round still running after {MAX_STEPS} steps")
     sync()
     return (time.perf_counter() - t0) * 1e3, steps
+
+
+def start_decodes(core: EngineCore, args: argparse.Namespace) -> float:
+    """--running requests decoding, each --warm-tokens in; returns a decode-only step's wall ms
+    (the median of ten, each synchronized)."""
+    add_all(core, args)
+    counts: dict[str, int] = {}
+    while len(counts) < args.running or min(counts.values()) < args.warm_tokens:
+        one_iteration(core, counts)
+    sync, walls = _sync(), []
+    for _ in range(10):
+        sync()
+        t0 = time.perf_counter()
+        one_iteration(core, counts)
+        sync()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(walls)
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
@@ -56,6 +82,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     core = EngineCore(BuiltinConfig(engine_config_from(args)))
     core.load(lambda detail: None)
     settle_heap()  # as a core in its own process does after its load
+    decode_ms = start_decodes(core, args) if args.running else 0.0
     seed = 1000
     for _ in range(args.warmup_rounds):
         prefill_round(core, args.prompts, args.input_len, seed)
@@ -73,6 +100,12 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "steps_a_round": [n for _, n in rounds],
         "prefill_tok_s": args.prompts * args.input_len / statistics.median(walls) * 1e3,
     }
+    if args.running:
+        report["running"] = core.health().running  # the decodes still beside the last round
+        report["decode_step_ms"] = decode_ms
+        # a round is its prefill (mixed) step and decode steps after it: the rest is the mix's
+        steps = statistics.median(n for _, n in rounds)
+        report["mixed_step_ms_est"] = statistics.median(walls) - (steps - 1) * decode_ms
     if torch.cuda.is_available() and core.loaded.device.type == "cuda":
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
         with prof:
@@ -97,6 +130,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-rounds", type=int, default=3)
     p.add_argument("--profile-rounds", type=int, default=3, help="rounds under torch.profiler")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument(
+        "--running", type=int, default=0, help="requests decoding beside the rounds (mixed steps)"
+    )
+    p.add_argument("--warm-tokens", type=int, default=32, help="tokens each has before the rounds")
     p.set_defaults(input_len=1024, max_batch_size=256, max_num_tokens=8192)
     return p
 

@@ -230,18 +230,20 @@ def test_rope_and_store_into_an_fp8_cache() -> None:
     assert rel_err(kc[slots[1:]].float() * scales[0], k_ref[1:]) < 0.04
 
 
-def engine(tmp_path: Path, layers: int, graphs: bool, **fp8_flags: str) -> CoreClient:
+def engine(tmp_path: Path, layers: int, graphs: bool, **flags: str | int) -> CoreClient:
     shape = shape_file(tmp_path, "llama-3.1-8b", layers)
+    given: dict[str, str | int] = {
+        "max_model_len": 512,
+        "num_kv_blocks": 256,
+        "max_batch_size": 8,
+        "max_num_tokens": 64,  # the 70-token prompt is prefilled in two chunks
+    }
     config = builtin_config(
         model=str(shape),
         load_format="dummy",
         device="cuda",
-        max_model_len=512,
-        num_kv_blocks=256,
-        max_batch_size=8,
-        max_num_tokens=64,  # the 70-token prompt is prefilled in two chunks
         cuda_graphs=graphs,
-        **fp8_flags,
+        **(given | flags),
     )
     return core_client(config, in_thread=True)
 
@@ -327,6 +329,87 @@ async def test_fp8_engine_end_to_end(tmp_path: Path, graphs: bool) -> None:
     finally:
         await bf16.stop()
         await f8.stop()
+
+
+async def test_fp8_prefill_chunk_on_the_built_in_gemm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 1,500-token prompt prefilled in one chunk: its projections take fp8_gemm_table's
+    PREFILL config (897-8,192 rows, o_proj and down_proj adding into the residual in the GEMM).
+    Teacher-forced, its prompt logprobs against the same FP8 weights prefilled in 256-token
+    chunks (the 256-row configs: the same e4m3 operands, other tiles and sum orders), against the
+    one chunk replayed from a piecewise CUDA graph (captured at a bucket of rows at least 1,500),
+    and against bf16; then the prompt continues greedily as the chunked engine continues it."""
+    from trtllm_gateway.engine.builtin import fp8_gemm_table
+    from trtllm_gateway.engine.builtin.kernels import fp8_gemm
+
+    chosen: list[tuple[int, int, int, object]] = []
+
+    def spy(rows: int, n: int, k: int) -> fp8_gemm_table.Config | None:
+        config = fp8_gemm_table.config_for(rows, n, k)
+        chosen.append((rows, n, k, config))
+        return config
+
+    monkeypatch.setattr(fp8_gemm, "config_for", spy)
+    flags: dict[str, str | int] = {
+        "quantization": "fp8",
+        "kv_cache_dtype": "fp8",
+        "max_model_len": 2048,
+        "num_kv_blocks": 512,
+    }
+    # Eager where the spy must see the chunk's rows: a graph replays without calling it.
+    whole = engine(tmp_path, 2, False, max_num_tokens=2048, **flags)
+    graphed = engine(tmp_path, 2, True, max_num_tokens=2048, **flags)
+    chunked = engine(tmp_path, 2, False, max_num_tokens=256, **flags)
+    bf16 = engine(tmp_path, 2, False, max_model_len=2048, num_kv_blocks=512, max_num_tokens=2048)
+    engines = (whole, graphed, chunked, bf16)
+    for e in engines:
+        await e.start()
+    try:
+        rng = random.Random(7)
+        seq = [rng.randrange(100, 30000) for _ in range(1500)]
+        chosen.clear()
+        one = await teacher_forced(whole, seq, "w")
+        big = {(n, k) for rows, n, k, c in chosen if rows == 1500 and c == fp8_gemm_table.PREFILL}
+        # qkv, o, gate_up and down, each in the one 1,500-row chunk on the built-in GEMM
+        assert big == {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)}, chosen
+        chosen.clear()
+        parts = await teacher_forced(chunked, seq, "c")
+        assert chosen and max(rows for rows, *_ in chosen) <= 256, chosen
+        replayed = await teacher_forced(graphed, seq, "g")
+        ref = await teacher_forced(bf16, seq, "b")
+        shapes = [t.shape for t in (one, parts, replayed, ref)]
+        # teacher_forced drops the first entry of the 1,499 (one a prompt token after the first)
+        assert all(shape == (1498,) for shape in shapes), shapes
+        paths = (one - parts).abs()
+        graph = (one - replayed).abs()
+        dtype = (one - ref).abs()
+        print(
+            f"1,500-token FP8 chunk against 256-token chunks: mean {paths.mean():.4f} max "
+            f"{paths.max():.4f}; against its graph: mean {graph.mean():.4f} max "
+            f"{graph.max():.4f}; against bf16: mean {dtype.mean():.4f} max {dtype.max():.4f}"
+        )
+        # Two GEMM paths over the same e4m3 operands differ by sum order and the bf16 roundings
+        # after: far below e4m3's own error against bf16 (test_fp8_engine_end_to_end: mean
+        # 0.189, max 0.728 nats on an H200). A wrong tile, a missed residual add or a row of
+        # another token would move the logprobs by nats.
+        assert paths.mean() < 0.05 and paths.max() < 0.5, (paths.mean(), paths.max())
+        assert graph.mean() < 0.05 and graph.max() < 0.5, (graph.mean(), graph.max())
+        assert dtype.mean() < 0.3 and dtype.max() < 1.5, (dtype.mean(), dtype.max())
+        sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
+        runs = []
+        for e, rid in ((whole, "gw"), (chunked, "gc")):
+            toks: list[int] = []
+            tops: list[tuple[tuple[int, float], ...]] = []
+            async for ev in e.generate(GenerateRequest(rid, tuple(seq), sp)):
+                toks += ev.token_ids
+                tops += [lp.top for lp in ev.logprobs or ()]
+            runs.append((toks, tops))
+        (a, tops_a), (b, tops_b) = runs
+        same_until_a_near_tie(a, b, tops_a, tops_b)
+    finally:
+        for e in engines:
+            await e.stop()
 
 
 def test_kv_handoff_moves_fp8_bytes_on_the_gpu() -> None:
