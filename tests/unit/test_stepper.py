@@ -190,6 +190,39 @@ def test_a_stop_token_ends_the_sequence_one_step_late_without_a_wasted_token(
         assert events[-1].usage is not None and events[-1].usage.completion_tokens == cut
 
 
+@pytest.mark.parametrize("steady", [True, False])
+def test_no_step_computes_a_token_after_the_last_one_by_max_tokens(
+    tmp_path: Path, steady: bool
+) -> None:
+    """At depth 1 a step is scheduled before the step before's ids are known: a row whose
+    pending token is its max_tokens-th is not scheduled again (scheduler.drains; vLLM skips
+    the same rows under async scheduling). Each sequence computes its prompt once and
+    max_tokens - 1 decode rows, one-token requests (a disaggregated prefill's context phase) no
+    decode row at all, and every token is the depth-0 engine's. steady=False: every step takes
+    the general path (Scheduler.steady_steps off)."""
+    budgets = {"one": 1, "two": 2, "r0": 6, "r1": 11, "r2": 16, "r3": 21}
+
+    def seqs() -> list[Sequence]:
+        out = [seq_for(f"r{i}", p, greedy(budgets[f"r{i}"])) for i, p in enumerate(PROMPTS)]
+        one = seq_for("one", PROMPTS[2][::-1], greedy(1))
+        return [*out, one, seq_for("two", PROMPTS[0][::-1], greedy(2))]
+
+    plain = outcome(run_all(plain_stepper(tiny_model(tmp_path)), seqs()))
+    st, runner = overlapped_stepper(tiny_model(tmp_path))
+    st.scheduler.steady_steps = steady
+    overlapped = outcome(run_all(st, seqs()))
+    assert overlapped == plain
+    assert {rid: len(t) for rid, (t, _) in plain.items()} == budgets
+    rows: dict[str, int] = {}  # rows computed per request, a prompt chunk counting its tokens
+    for batch in runner.batches:
+        for chunk in batch.chunks:
+            rows[chunk.seq.request_id] = rows.get(chunk.seq.request_id, 0) + chunk.length
+    prompts = {s.request_id: s.prompt_len for s in seqs()}
+    assert rows == {rid: prompts[rid] + budgets[rid] - 1 for rid in budgets}
+    assert runner.placeholders_seen > 0  # the steps did run ahead
+    assert st.scheduler.blocks.num_free == st.scheduler.blocks.num_blocks
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_finished_sequence_frees_its_blocks_while_others_run(
     tmp_path: Path, overlap: bool

@@ -13,6 +13,14 @@ and commits them from there. A served core at 256 running spent ~16 passes of Py
 rows a step (the chunks, the packer's lists, the commit): schedule, build and commit were ~0.8
 ms of a decode step's ~2 ms of CPU (py-spy and StepClock, H200, 135M, 2026-11-29), 0.21-0.26 ms
 less with the steady step (docs/benchmarks.md, "The steady step").
+
+A row whose pending token is its last by max_tokens (drains()) is not scheduled again: at
+overlap depth 1 the step after it is scheduled before its token is known, and would compute a
+token nobody reads (vLLM's scheduler skips the same rows under async scheduling:
+vllm/v1/core/sched/scheduler.py, Scheduler.schedule, "Avoid scheduling an extra step"). The
+sequence ends when that token is resolved. A one-token context phase (a disaggregated prefill
+instance's) thus costs no decode step after its prefill, nor a block for the token after its
+prompt.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ class DecodeRows:
     nonplain: list[int]  # rows that are not plain (Sequence.settle): per-row checks need them
     draws_raw: bool  # every row draws straight from the logits (sampler.Draws)
     drawn: list[int]  # rows that are not greedy
+    ends: np.ndarray  # [n] int64: each row's prompt + max_tokens (its token at end - 1 is its last)
 
     @classmethod
     def of(cls, running: list[Sequence], starts: list[int] | np.ndarray) -> DecodeRows:
@@ -65,7 +74,20 @@ class DecodeRows:
             [i for i, s in enumerate(seqs) if not s.plain],
             all(s.draws_raw for s in seqs),
             [i for i, s in enumerate(seqs) if not s.greedy],
+            np.asarray([s.prompt_len + s.sampling.max_tokens for s in seqs], dtype=np.int64),
         )
+
+    def without_last_tokens(self) -> DecodeRows | None:
+        """These rows less those whose pending token is their last (drains()); self when none
+        is, None when all are."""
+        live = self.starts + 1 < self.ends
+        if live.all():
+            return self
+        keep = np.flatnonzero(live)
+        if not len(keep):
+            return None
+        rows = DecodeRows.of([self.seqs[i] for i in keep.tolist()], self.starts[keep])
+        return rows
 
     def chunks(self) -> list[ScheduledChunk]:
         """The rows as the general path's chunks (for a step that failed)."""
@@ -117,6 +139,10 @@ class Scheduler:
         rows = _continued(run, running)
         if rows is None:
             return None
+        rows = rows.without_last_tokens()
+        if rows is None:
+            return None  # every row's pending token is its last: the general path resolves
+        n = len(rows.seqs)
         starts, seqs = rows.starts, rows.seqs
         bs = self.blocks.block_size
         opens = np.flatnonzero(starts % bs == 0).tolist()
@@ -159,7 +185,7 @@ class Scheduler:
         """Every running sequence's whole next chunk at once, when they all fit the budget and
         the free blocks (no preemption): what _schedule_running would pack then, in whole-batch
         comprehensions rather than a loop body a row (issue 39, item 2). None: take the loop."""
-        running = self.running
+        running = [s for s in self.running if not drains(s)]
         done = [s.num_computed for s in running]
         need = [len(s.token_ids) - d for s, d in zip(running, done, strict=True)]
         total = sum(need)
@@ -189,8 +215,8 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not running:
-                continue  # preempted earlier in this loop
+            if seq.status is not running or drains(seq):
+                continue  # preempted earlier in this loop, or its pending token is its last
             done = seq.num_computed
             n = min(len(seq.token_ids) - done, budget)
             # _grow only when the chunk runs past the blocks it has (a decode: once a block).
@@ -363,7 +389,9 @@ def _continued(run: DecodeRows, running: list[Sequence]) -> DecodeRows | None:
     sequences admitted since, each with one token to compute; else None."""
     seqs = run.seqs
     if len(running) == len(seqs) and all(map(is_, running, seqs)):  # most steps
-        return DecodeRows(seqs, run.starts + 1, [], run.nonplain, run.draws_raw, run.drawn)
+        return DecodeRows(
+            seqs, run.starts + 1, [], run.nonplain, run.draws_raw, run.drawn, run.ends
+        )
     on = Status.RUNNING
     kept = [i for i, s in enumerate(seqs) if s.status is on]
     k = len(kept)
@@ -376,3 +404,13 @@ def _continued(run: DecodeRows, running: list[Sequence]) -> DecodeRows | None:
     if tail:
         starts = np.concatenate([starts, np.asarray([s.num_computed for s in tail], np.int64)])
     return DecodeRows.of(running, starts)
+
+
+def drains(seq: Sequence) -> bool:
+    """seq decodes, and its pending token (a placeholder, not yet on the host) is its last by
+    max_tokens: the sequence ends when it is resolved, so no step computes a token after it."""
+    ids = seq.token_ids
+    n = len(ids)
+    return (
+        ids[-1] < 0 and n - seq.num_computed == 1 and n >= seq.prompt_len + seq.sampling.max_tokens
+    )
