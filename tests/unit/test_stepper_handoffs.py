@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.test_stepper import PROMPTS, plain_stepper, seq_for, tiny_model
+from tests.unit.test_stepper import (
+    PROMPTS,
+    overlapped_stepper,
+    plain_stepper,
+    seq_for,
+    tiny_model,
+)
 from trtllm_gateway.engine.builtin.sequence import Sequence
 from trtllm_gateway.engine.builtin.stepper import Stepper
 from trtllm_gateway.engine.protocol import (
@@ -80,4 +86,24 @@ def test_a_queue_waiting_for_held_blocks_is_stalled_until_they_go(tmp_path: Path
         if not st.scheduler.has_work():
             break
     assert isinstance(events[-1][1], TokenEvent) and events[-1][1].finish_reason == "length"
+    assert lm.blocks.num_free == lm.blocks.num_blocks
+
+
+def test_a_context_phase_at_depth_1_holds_its_prompt_blocks_only(tmp_path: Path) -> None:
+    """At overlap depth 1 (a GPU's) the step after a context phase's prefill is scheduled
+    before its one token is known: that token is its last (max_tokens 1), so the step computes
+    no row for it (scheduler.drains) and no block is taken for the token after the prompt. A
+    32-token prompt holds its 2 blocks of 16, and the backend sees its 32 rows once."""
+    lm = tiny_model(tmp_path)
+    st, runner = overlapped_stepper(lm)
+    other = seq_for("other", PROMPTS[1], SamplingParams(max_tokens=12, temperature=0.0))
+    assert st.add(other) == []
+    st.step()  # "other" decodes beside the context phase from here on
+    prefill(st, held("ctx", [i % 90 for i in range(32)]))
+    assert len(st.handoffs["ctx"][0].block_table) == 2
+    rows = sum(c.length for b in runner.batches for c in b.chunks if c.seq.request_id == "ctx")
+    assert rows == 32
+    while st.scheduler.has_work():
+        st.step()
+    st.release_kv("ctx")
     assert lm.blocks.num_free == lm.blocks.num_blocks
