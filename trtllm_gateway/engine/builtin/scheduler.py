@@ -410,7 +410,7 @@ def drains(seq: Sequence) -> bool:
     """seq decodes, and its pending token (a placeholder, not yet on the host) is its last by
     max_tokens: the sequence ends when it is resolved, so no step computes a token after it."""
     ids = seq.token_ids
-    n = len(ids)
-    return (
-        ids[-1] < 0 and n - seq.num_computed == 1 and n >= seq.prompt_len + seq.sampling.max_tokens
-    )
+    n = len(ids)  # the length test first: it is False for every row but the ending ones
+    if n < seq.prompt_len + seq.sampling.max_tokens:
+        return False
+    return ids[-1] < 0 and n - seq.num_computed == 1
