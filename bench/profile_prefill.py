@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.offline import engine_config_from, random_prompts
 from bench.offline import parser as offline_parser
-from bench.profile_step import add_all, kernel_table, one_iteration
+from bench.profile_step import kernel_table, one_iteration, start_running
 from trtllm_gateway.engine.builtin.config import BuiltinConfig
 from trtllm_gateway.engine.builtin.core import EngineCore
 from trtllm_gateway.engine.protocol import SamplingParams
@@ -62,10 +62,7 @@ def prefill_round(core: EngineCore, prompts: int, input_len: int, seed: int) -> 
 def start_decodes(core: EngineCore, args: argparse.Namespace) -> float:
     """--running requests decoding, each --warm-tokens in; returns a decode-only step's wall ms
     (the median of ten, each synchronized)."""
-    add_all(core, args)
-    counts: dict[str, int] = {}
-    while len(counts) < args.running or min(counts.values()) < args.warm_tokens:
-        one_iteration(core, counts)
+    counts = start_running(core, args)
     sync, walls = _sync(), []
     for _ in range(10):
         sync()

@@ -96,6 +96,16 @@ def add_all(core: EngineCore, args: argparse.Namespace) -> None:
         core.handle(Add(request_id=f"prof-{i}", prompt_token_ids=prompt, sampling=sp), [])
 
 
+def start_running(core: EngineCore, args: argparse.Namespace) -> dict[str, int]:
+    """--running requests added at once and stepped until each has --warm-tokens tokens; the
+    tokens each has (one_iteration's counts)."""
+    add_all(core, args)
+    counts: dict[str, int] = {}
+    while len(counts) < args.running or min(counts.values()) < args.warm_tokens:
+        one_iteration(core, counts)
+    return counts
+
+
 def one_iteration(core: EngineCore, counts: dict[str, int]) -> int:
     """What the core loop does for one step with work (loop.py _serve): the step, the batch,
     its encoding for the socket. Returns the tokens it emitted."""
@@ -132,11 +142,8 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     core = EngineCore(BuiltinConfig(engine_config_from(args)))
     core.load(lambda detail: None)
     settle_heap()  # as a core in its own process does after its load
-    add_all(core, args)
-    counts: dict[str, int] = {}
     t0 = time.perf_counter()
-    while len(counts) < args.running or min(counts.values()) < args.warm_tokens:
-        one_iteration(core, counts)
+    counts = start_running(core, args)
     report: dict[str, Any] = {"settings": vars(args), "warm_s": time.perf_counter() - t0}
     report["running"] = core.health().running
     cuda = torch.cuda.is_available()

@@ -86,8 +86,7 @@ class DecodeRows:
         keep = np.flatnonzero(live)
         if not len(keep):
             return None
-        rows = DecodeRows.of([self.seqs[i] for i in keep.tolist()], self.starts[keep])
-        return rows
+        return DecodeRows.of([self.seqs[i] for i in keep.tolist()], self.starts[keep])
 
     def chunks(self) -> list[ScheduledChunk]:
         """The rows as the general path's chunks (for a step that failed)."""
